@@ -1,0 +1,136 @@
+"""The backend switch.
+
+Precedence, highest first: the call's ``backend=`` > the innermost ``with use_backend(name):``
+> the ``KCOURSE_BACKEND`` environment variable > ``"pytorch"``.
+
+The active backend lives in a ``ContextVar``, so ``use_backend`` is nestable and safe across
+threads and asyncio tasks: each thread and each task sees its own innermost block.
+
+A backend is a package ``kcourse.blas.<name>`` with one module per op; the module for op ``gemm``
+exports a function ``gemm``. ``resolve`` is a lookup, never a fallback: an op a backend does not
+implement is a ``NotImplementedError`` naming both, and a backend that cannot run on this machine
+is a ``RuntimeError`` that says why and how to fix it.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+NAMES = ("python", "pytorch", "triton", "cute")
+DEFAULT = "pytorch"
+ENV_VAR = "KCOURSE_BACKEND"
+
+_active: contextvars.ContextVar[str | None] = contextvars.ContextVar("kcourse_backend", default=None)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    available: bool
+    reason: str = ""  # why it cannot run here ("" when available)
+    fix: str = ""  # how to make it run
+
+    def __str__(self) -> str:
+        if self.available:
+            return f"{self.name}: available"
+        return f"{self.name}: unavailable: {self.reason} (fix: {self.fix})"
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a backend name, else a ``ValueError`` listing the valid ones."""
+    if name not in NAMES:
+        raise ValueError(f"unknown backend {name!r}; valid backends are {', '.join(NAMES)}")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[str]:
+    """Run the block with ``name`` as the default backend (nestable; thread- and task-safe)."""
+    token = _active.set(check_name(name))
+    try:
+        yield name
+    finally:
+        _active.reset(token)
+
+
+def get_backend() -> str:
+    """The backend an op called here without ``backend=`` would use."""
+    name = _active.get()
+    if name is not None:
+        return name
+    env = os.environ.get(ENV_VAR)
+    if env:
+        try:
+            return check_name(env)
+        except ValueError as e:
+            raise ValueError(f"{ENV_VAR}={env!r}: {e}") from None
+    return DEFAULT
+
+
+def triton_interpreting() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _probe(name: str) -> BackendInfo:
+    if name in ("python", "pytorch"):
+        return BackendInfo(name, True)
+    if name == "triton":
+        if importlib.util.find_spec("triton") is None:
+            return BackendInfo(name, False, "the triton package is not installed",
+                               "pip install 'kcourse[triton]'")
+        if not torch.cuda.is_available() and not triton_interpreting():
+            return BackendInfo(name, False, "no CUDA GPU, and Triton's interpreter is off",
+                               "run on a CUDA GPU, or export TRITON_INTERPRET=1 before starting Python")
+        return BackendInfo(name, True)
+    # cute
+    if importlib.util.find_spec("cutlass") is None:
+        return BackendInfo(name, False, "the CuTe DSL (nvidia-cutlass-dsl) is not installed",
+                           "pip install 'kcourse[cute]'")
+    if not torch.cuda.is_available():
+        return BackendInfo(name, False, "no CUDA GPU: CuTe DSL kernels compile here but cannot run",
+                           "run on an NVIDIA GPU of compute capability 8.0 or newer")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return BackendInfo(name, False, f"the GPU is sm_{major}{minor}; CuTe kernels need sm_80+",
+                           "run on an Ampere or newer NVIDIA GPU")
+    return BackendInfo(name, True)
+
+
+def backends() -> dict[str, BackendInfo]:
+    """Every backend with its availability here and, when unavailable, why and how to fix it."""
+    return {name: _probe(name) for name in NAMES}
+
+
+@functools.lru_cache(maxsize=None)
+def _available(name: str) -> BackendInfo:
+    return _probe(name)
+
+
+def resolve(op: str, backend: str | None = None) -> tuple[str, Callable]:
+    """The backend name and its kernel function for ``op``: a lookup, never a fallback."""
+    name = check_name(backend) if backend is not None else get_backend()
+    info = _available(name)
+    if not info.available:
+        raise RuntimeError(f"{op}: backend {name!r} cannot run here: {info.reason}; {info.fix}")
+    return name, _kernel(name, op)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, op: str) -> Callable:
+    module_name = f"kcourse.blas.{name}.{op}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        raise NotImplementedError(f"{op}: the {name!r} backend has no kernel for {op} yet") from None
+    return getattr(module, op)

@@ -1,0 +1,238 @@
+"""Argument validation shared by every backend: one place, run before any kernel writes anything.
+
+Each ``check_<op>`` raises ``TypeError`` (wrong kind of argument, unsupported dtype) or
+``ValueError`` (shapes, devices, aliasing) with a message that names the op, the argument and the
+shapes, e.g. ``gemm: A is (3, 4) and B is (5, 6); A's columns (4) must equal B's rows (5)``.
+They return what the caller needs (the output shape), never a modified tensor.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..backend import triton_interpreting
+
+FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+DTYPES = {
+    "python": FLOATS,
+    "pytorch": FLOATS,
+    "triton": (torch.float32, torch.float16, torch.bfloat16),
+    "cute": (torch.float32, torch.float16, torch.bfloat16),
+}
+
+
+def shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def tensor(op: str, name: str, t, ndims: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``t`` must be a floating-point tensor with one of ``ndims`` dimensions."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
+    if ndims is not None and t.dim() not in ndims:
+        want = " or ".join(f"{d}-D" for d in ndims)
+        raise ValueError(f"{op}: {name} must be {want}, got {t.dim()}-D of shape {shape(t)}")
+    return t
+
+
+def scalar(op: str, name: str, value) -> float:
+    """``value`` must be a real Python number (or a 0-d tensor holding one)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex():
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def same_kind(op: str, backend: str, **tensors: torch.Tensor | None) -> None:
+    """All tensors share dtype and device, and ``backend`` supports both."""
+    named = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{op}: {first_name} is {first.dtype} but {name} is {t.dtype}; "
+                            "all tensors must share one dtype")
+        if t.device != first.device:
+            raise ValueError(f"{op}: {first_name} is on {first.device} but {name} is on {t.device}; "
+                             "all tensors must be on one device")
+    if first.dtype not in DTYPES[backend]:
+        supported = ", ".join(str(d).replace("torch.", "") for d in DTYPES[backend])
+        raise TypeError(f"{op}: the {backend} backend does not support {first.dtype} "
+                        f"({first_name} {shape(first)}); it supports {supported}")
+    device = first.device.type
+    if backend == "triton" and device != "cuda" and not triton_interpreting():
+        raise ValueError(f"{op}: the triton backend needs CUDA tensors, but {first_name} is on "
+                         f"{first.device}; move the tensors to a GPU or set TRITON_INTERPRET=1")
+    if backend == "cute" and device != "cuda":
+        raise ValueError(f"{op}: the cute backend needs CUDA tensors, but {first_name} is on {first.device}")
+
+
+def same_shape(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{op}: {a_name} is {shape(a)} and {b_name} is {shape(b)}; they must have the same shape")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte addresses that ``t`` can touch."""
+    start = t.data_ptr()
+    last = start + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 1) * t.element_size()
+    return start, last + t.element_size() - 1
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """True when two elements of ``t`` may share memory (broadcast or overlapping strides)."""
+    dims = sorted((abs(st), s) for s, st in zip(t.shape, t.stride()) if s > 1)
+    reach = 0  # largest offset reachable through the dims seen so far
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def target(op: str, name: str, t: torch.Tensor, **inputs: torch.Tensor | None) -> None:
+    """An in-place target must be writable element by element and share no memory with ``inputs``."""
+    if t.numel() == 0:
+        return
+    if _overlaps_itself(t):
+        raise ValueError(f"{op}: the target {name} {shape(t)} with strides {t.stride()} has elements "
+                         "that share memory (an expanded or overlapping view); it cannot be written in place")
+    lo, hi = _span(t)
+    for other_name, other in inputs.items():
+        if other is None or other.numel() == 0 or other.device != t.device:
+            continue
+        o_lo, o_hi = _span(other)
+        if lo <= o_hi and o_lo <= hi:
+            raise ValueError(f"{op}: the target {name} {shape(t)} overlaps the input {other_name} "
+                             f"{shape(other)} in memory; in-place targets must not alias an input")
+
+
+# ----------------------------------------------------------------------------- per-op checks
+# Each returns the output shape. `y`/`C` is the in-place target when `inplace` is true.
+
+def check_copy(backend, x, y=None, *, inplace=False):
+    op = "copy_" if inplace else "copy"
+    tensor(op, "x", x)
+    if inplace:
+        tensor(op, "y", y)
+        same_shape(op, "x", x, "y", y)
+    same_kind(op, backend, x=x, y=y)
+    if inplace:
+        target(op, "y", y, x=x)
+    return x.shape
+
+
+def check_swap(backend, x, y, *, inplace=False):
+    op = "swap_" if inplace else "swap"
+    tensor(op, "x", x), tensor(op, "y", y)
+    same_shape(op, "x", x, "y", y)
+    same_kind(op, backend, x=x, y=y)
+    if inplace:
+        target(op, "x", x, y=y)
+        target(op, "y", y)
+    return x.shape
+
+
+def check_scal(backend, x, alpha, *, inplace=False):
+    op = "scal_" if inplace else "scal"
+    tensor(op, "x", x)
+    scalar(op, "alpha", alpha)
+    same_kind(op, backend, x=x)
+    if inplace:
+        target(op, "x", x)
+    return x.shape
+
+
+def check_axpby(backend, x, y, alpha, beta, *, inplace=False):
+    op = "axpby_" if inplace else "axpby"
+    tensor(op, "x", x), tensor(op, "y", y)
+    scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+    same_shape(op, "x", x, "y", y)
+    same_kind(op, backend, x=x, y=y)
+    if inplace:
+        target(op, "y", y, x=x)
+    return x.shape
+
+
+def check_dot(backend, x, y):
+    tensor("dot", "x", x, (1,)), tensor("dot", "y", y, (1,))
+    if x.shape != y.shape:
+        raise ValueError(f"dot: x is {shape(x)} and y is {shape(y)}; they must have the same length")
+    same_kind("dot", backend, x=x, y=y)
+    return ()
+
+
+def check_gemv(backend, A, x, y, alpha, beta, *, inplace=False):
+    op = "gemv_" if inplace else "gemv"
+    tensor(op, "A", A, (2,)), tensor(op, "x", x, (1,))
+    scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+    if inplace and y is None:
+        raise TypeError(f"{op}: y is the in-place target and cannot be None")
+    if y is not None:
+        tensor(op, "y", y, (1,))
+    m, n = A.shape
+    if x.shape[0] != n:
+        raise ValueError(f"{op}: A is {shape(A)} and x is {shape(x)}; A's columns ({n}) must equal x's length")
+    if y is not None and y.shape[0] != m:
+        raise ValueError(f"{op}: A is {shape(A)} and y is {shape(y)}; A's rows ({m}) must equal y's length")
+    same_kind(op, backend, A=A, x=x, y=y)
+    if inplace:
+        target(op, "y", y, A=A, x=x)
+    return (m,)
+
+
+def check_geru(backend, A, x, y, alpha, *, inplace=False):
+    op = "geru_" if inplace else "geru"
+    tensor(op, "A", A, (2,)), tensor(op, "x", x, (1,)), tensor(op, "y", y, (1,))
+    scalar(op, "alpha", alpha)
+    m, n = A.shape
+    if x.shape[0] != m:
+        raise ValueError(f"{op}: A is {shape(A)} and x is {shape(x)}; A's rows ({m}) must equal x's length")
+    if y.shape[0] != n:
+        raise ValueError(f"{op}: A is {shape(A)} and y is {shape(y)}; A's columns ({n}) must equal y's length")
+    same_kind(op, backend, A=A, x=x, y=y)
+    if inplace:
+        target(op, "A", A, x=x, y=y)
+    return (m, n)
+
+
+def check_gemm(backend, A, B, C, alpha, beta, *, inplace=False):
+    """A (..., m, k) @ B (..., k, n) with 2-D or 3-D operands; the batch dims broadcast."""
+    op = "gemm_" if inplace else "gemm"
+    tensor(op, "A", A, (2, 3)), tensor(op, "B", B, (2, 3))
+    scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+    if inplace and C is None:
+        raise TypeError(f"{op}: C is the in-place target and cannot be None")
+    if C is not None:
+        tensor(op, "C", C)
+    m, k = A.shape[-2:]
+    k2, n = B.shape[-2:]
+    if k != k2:
+        raise ValueError(f"{op}: A is {shape(A)} and B is {shape(B)}; A's columns ({k}) must equal B's rows ({k2})")
+    batch = ()
+    if A.dim() == 3 or B.dim() == 3:
+        ba = A.shape[0] if A.dim() == 3 else 1
+        bb = B.shape[0] if B.dim() == 3 else 1
+        if ba != bb and 1 not in (ba, bb):
+            raise ValueError(f"{op}: A is {shape(A)} and B is {shape(B)}; their batch sizes ({ba}, {bb}) "
+                             "must be equal or one of them 1")
+        batch = (max(ba, bb),)
+    out = (*batch, m, n)
+    if C is not None:
+        if inplace and tuple(C.shape) != out:
+            raise ValueError(f"{op}: A is {shape(A)}, B is {shape(B)} and C is {shape(C)}; "
+                             f"the target C must be {out}")
+        if not inplace:
+            try:
+                if torch.broadcast_shapes(C.shape, out) != torch.Size(out):
+                    raise RuntimeError
+            except RuntimeError:
+                raise ValueError(f"{op}: A is {shape(A)}, B is {shape(B)} and C is {shape(C)}; "
+                                 f"C must broadcast to the output shape {out}") from None
+    same_kind(op, backend, A=A, B=B, C=C)
+    if inplace:
+        target(op, "C", C, A=A, B=B)
+    return out

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: the whole test suite on CUDA (recorded for the README's op table), then the
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|bench|all]
+# Writes $OUT/tests.log, $OUT/verified-run.json, $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
+set -uo pipefail
+out=${1:?usage: gpu_run.sh OUTDIR [tests|bench|all]}
+what=${2:-all}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__)'
+} 2>&1 | tee "$out/env.txt"
+status=0
+if [[ $what == tests || $what == all ]]; then
+  KCOURSE_RECORD="$out/verified-run.json" timeout 420 python3 -m pytest -q -p no:cacheprovider --durations=10 tests 2>&1 \
+    | tee "$out/tests.log" | tail -n 40
+  status=${PIPESTATUS[0]}
+fi
+if [[ $what == bench || $what == all ]]; then
+  timeout 480 python3 benchmarks/run.py --out /tmp/bench 2>&1 | tee "$out/bench.log" | tail -n 60
+  tar -C /tmp -czf "$out/bench.tgz" bench
+fi
+exit $status

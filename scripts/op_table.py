@@ -1,0 +1,101 @@
+"""The README's op x backend table, generated from what the backends export and what the tests verified.
+
+    python scripts/op_table.py                      # print the table
+    python scripts/op_table.py --write              # rewrite it in README.md
+    KCOURSE_RECORD=run.json pytest                  # a test run that records (op, backend) outcomes
+    python scripts/op_table.py record run.json      # fold that run into docs/verified.json
+
+A cell names each device class on which the op's tests passed on that backend ("CPU", "H100", ...);
+"untested" means the kernel exists but no recorded run verified it; "—" means no kernel.
+tests/test_op_table.py fails when README.md's table differs from what this prints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("python", "pytorch", "triton", "cute")
+OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm")
+VERIFIED = ROOT / "docs" / "verified.json"
+README = ROOT / "README.md"
+START, END = "<!-- op-table:start -->", "<!-- op-table:end -->"
+
+
+def exports(backend: str, op: str) -> bool:
+    """Does ``kcourse/blas/<backend>/<op>.py`` define a function named ``op``? (read, not imported)"""
+    path = ROOT / "kcourse" / "blas" / backend / f"{op}.py"
+    return path.exists() and re.search(rf"^def {op}\(", path.read_text(), re.M) is not None
+
+
+def device_class(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; 'cpu (triton interpreter)' -> 'CPU'."""
+    if device.startswith("cpu"):
+        return "CPU"
+    match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device)
+    return match.group(1) if match else device
+
+
+def load_verified() -> dict:
+    return json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
+
+
+def record(run_path: str) -> None:
+    """Fold one recorded test run into docs/verified.json (keyed by device class)."""
+    run = json.loads(Path(run_path).read_text())
+    verified = load_verified()
+    verified[device_class(run["meta"]["device"])] = run
+    VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
+
+
+def cell(op: str, backend: str, verified: dict) -> str:
+    if not exports(backend, op):
+        return "—"
+    where = [name for name, run in sorted(verified.items())
+             if (c := run["results"].get(op, {}).get(backend)) and c["passed"] and not c["failed"]]
+    return " · ".join(f"✓ {name}" for name in where) or "untested"
+
+
+def table() -> str:
+    verified = load_verified()
+    lines = ["| op | " + " | ".join(BACKENDS) + " |", "|---" * (len(BACKENDS) + 1) + "|"]
+    for op in OPS:
+        lines.append(f"| [{op}](docs/{op}.md) | " + " | ".join(cell(op, b, verified) for b in BACKENDS) + " |")
+    runs = "; ".join(f"{name}: {run['meta']['device']}, {run['meta']['date']}, torch {run['meta']['torch']}, "
+                     f"triton {run['meta'].get('triton', '-')}" for name, run in sorted(verified.items()))
+    lines.append("")
+    lines.append(f"Verified runs: {runs or 'none recorded'}.")
+    return "\n".join(lines)
+
+
+def readme_table() -> str:
+    text = README.read_text()
+    return text[text.index(START) + len(START):text.index(END)].strip()
+
+
+def write() -> None:
+    text = README.read_text()
+    head, rest = text.split(START)
+    _, tail = rest.split(END)
+    README.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", choices=["print", "record"], default="print")
+    parser.add_argument("run", nargs="?", help="with record: the KCOURSE_RECORD file of a test run")
+    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args.run)
+    if args.write or args.command == "record":
+        write()
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

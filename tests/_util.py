@@ -1,0 +1,58 @@
+"""Tolerances and input factories shared by every test (one table, one place)."""
+import math
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ALL_DTYPES = (torch.float64, *DTYPES)
+
+# (rtol, atol) per dtype for results that are rounded once from a float32 (float64) value: the
+# two sides may differ by accumulation order in float32 plus one rounding of the output.
+TOL = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, k: int = 1) -> None:
+    """``actual`` equals ``expected`` to ``TOL[dtype]``; ``atol`` grows as sqrt(k) for sums of k terms
+    (random inputs of unit scale give sums of size ~sqrt(k) and rounding noise in proportion)."""
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    rtol, atol = TOL[actual.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)))
+
+
+def skip_float64(backend: str) -> bool:
+    """float64 runs on python and pytorch only."""
+    return backend in ("triton", "cute")
+
+
+def randn(*shape: int, dtype=torch.float32, layout: str = "contiguous") -> torch.Tensor:
+    """Fresh N(0, 1) values of ``shape``, laid out as asked:
+
+    contiguous: row-major;  transposed: a ``.mT`` view of a row-major (..., n, m) tensor (2-D+);
+    strided: every third element of a larger buffer along the last dim (not contiguous).
+    """
+    if layout == "contiguous":
+        return torch.randn(shape, dtype=dtype, device=DEVICE)
+    if layout == "transposed":
+        return torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=DEVICE).mT
+    if layout == "strided":
+        return torch.randn(*shape[:-1], 3 * shape[-1], dtype=dtype, device=DEVICE)[..., ::3]
+    raise ValueError(layout)
+
+
+def in_buffer(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A strided view (every other element of the last dim) and the whole buffer it lives in,
+    so a test can check that an in-place op wrote its target and nothing beside it."""
+    buffer = torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device=DEVICE)
+    return buffer[..., ::2], buffer
+
+
+def outside(view: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """The elements of ``buffer`` that ``in_buffer``'s view does not cover."""
+    return buffer[..., 1::2]

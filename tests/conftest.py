@@ -1,0 +1,92 @@
+"""Shared fixtures: which backends run here, on which device, and at which sizes.
+
+Without a GPU the triton backend runs through Triton's interpreter, switched on here before any
+kernel module is imported (``@triton.jit`` reads ``TRITON_INTERPRET`` when it decorates).
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kcourse  # noqa: E402  (after the interpreter switch)
+
+from _util import DEVICE  # noqa: E402
+
+# Backends compared against the python reference. `python` itself is checked against float64
+# torch in each test file; listing it here too would compare the reference with itself.
+COMPARED = ("pytorch", "triton", "cute")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", COMPARED, indirect=True)
+
+
+@pytest.fixture
+def backend(request):
+    name = request.param
+    info = kcourse.backends()[name]
+    if not info.available:
+        pytest.skip(f"{name} backend unavailable here: {info.reason}")
+    if name == "cute":
+        pytest.skip("cute backend: no kernels yet (the cute issues add them)")
+    return name
+
+
+def pytest_collection_modifyitems(config, items):
+    if DEVICE == "cuda":
+        return
+    skip = pytest.mark.skip(reason="realistic-size GPU test: needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# ----------------------------------------------------------------------------- verification record
+# With KCOURSE_RECORD=path, the run writes which (op, backend) pairs its tests passed or failed;
+# `scripts/op_table.py record` folds such a file into docs/verified.json, from which the README's
+# op x backend table is generated.
+_record: dict = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    module = item.module.__name__
+    if report.when != "call" or not module.startswith("test_"):
+        return
+    op = module[len("test_"):]
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    backend = params.get("backend") or ("python" if item.originalname == "test_python_reference" else None)
+    if backend is None:
+        return
+    counts = _record.setdefault(op, {}).setdefault(backend, {"passed": 0, "failed": 0})
+    counts["passed" if report.passed else "failed"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("KCOURSE_RECORD")
+    if not path:
+        return
+    import datetime
+    import json
+    import platform
+
+    meta = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (triton interpreter)",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": _record}, f, indent=1, sort_keys=True)

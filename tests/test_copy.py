@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from kcourse import blas
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+
+SIZES = [1, 7, 1000, 4097]
+LAYOUTS = ["contiguous", "strided"]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype):
+    x = randn(33, dtype=dtype)
+    assert torch.equal(blas.copy(x, backend="python"), x)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_copy(backend, dtype, n, layout):
+    if skip_float64(backend) and dtype == torch.float64:
+        pytest.skip(f"{backend} has no float64")
+    x = randn(n, dtype=dtype, layout=layout)
+    assert_close(blas.copy(x, backend=backend), blas.copy(x, backend="python"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_copy_nd_views(backend, dtype):
+    # a transposed 3-D source into a target with other strides: the kernel follows both layouts
+    x = randn(5, 7, 9, dtype=dtype).permute(2, 0, 1)
+    y, buffer = in_buffer(9, 5, 7, dtype=dtype)
+    untouched = outside(y, buffer).clone()
+    out = blas.copy_(x, y, backend=backend)
+    assert out is y
+    assert torch.equal(y, x)
+    assert torch.equal(outside(y, buffer), untouched)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_copy_inplace_writes_only_target(backend, dtype):
+    x = randn(1001, dtype=dtype, layout="strided")
+    x0 = x.clone()
+    y, buffer = in_buffer(1001, dtype=dtype)
+    untouched = outside(y, buffer).clone()
+    blas.copy_(x, y, backend=backend)
+    assert torch.equal(y, x0) and torch.equal(x, x0)
+    assert torch.equal(outside(y, buffer), untouched)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2**20 + 3, 2**24])
+def test_copy_large(backend, n):
+    x = randn(n)
+    assert torch.equal(blas.copy(x, backend=backend), x)

@@ -1,0 +1,143 @@
+import math
+
+import pytest
+import torch
+
+from kcourse import blas
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+
+SHAPES = [(1, 1, 1), (7, 13, 5), (33, 1, 17), (65, 129, 33), (100, 64, 130)]  # (m, k, n)
+LAYOUTS = ["nn", "tn", "nt", "tt", "ss"]  # A then B: n row-major, t transposed view, s strided
+LAYOUT = {"n": "contiguous", "t": "transposed", "s": "strided"}
+
+
+def operands(m, k, n, dtype, layout="nn", batch=()):
+    A = randn(*batch, m, k, dtype=dtype, layout=LAYOUT[layout[0]])
+    B = randn(*batch, k, n, dtype=dtype, layout=LAYOUT[layout[1]])
+    return A, B
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype):
+    A, B = operands(33, 65, 17, dtype)
+    C = randn(33, 17, dtype=dtype)
+    expected = (2.0 * (A.double() @ B.double()) - 1.0 * C.double()).to(dtype)
+    assert_close(blas.gemm(A, B, C, 2.0, -1.0, backend="python"), expected, k=65)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_gemm(backend, dtype, shape, layout):
+    if skip_float64(backend) and dtype == torch.float64:
+        pytest.skip(f"{backend} has no float64")
+    m, k, n = shape
+    A, B = operands(m, k, n, dtype, layout)
+    C = randn(m, n, dtype=dtype, layout="transposed")
+    inputs = [t.clone() for t in (A, B, C)]
+    assert_close(blas.gemm(A, B, C, 1.5, -0.5, backend=backend), blas.gemm(A, B, C, 1.5, -0.5, backend="python"), k=k)
+    assert all(torch.equal(t, t0) for t, t0 in zip((A, B, C), inputs))
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (0.0, 1.0), (-2.0, 0.5), (0.5, 1.0), (0.0, 0.0)])
+def test_gemm_scalars(backend, alpha, beta):
+    A, B = operands(65, 40, 33, torch.float32)
+    C = randn(65, 33)
+    assert_close(blas.gemm(A, B, C, alpha, beta, backend=backend), blas.gemm(A, B, C, alpha, beta, backend="python"), k=40)
+
+
+@pytest.mark.parametrize("C_shape", [(33,), (65, 1), (1, 33), ()])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_broadcast_C(backend, dtype, C_shape):
+    A, B = operands(65, 40, 33, dtype, "nt")
+    C = randn(*C_shape, dtype=dtype) if C_shape else torch.tensor(0.25, dtype=dtype, device=DEVICE)
+    out = blas.gemm(A, B, C, 1.0, 1.0, backend=backend)  # Linear: X W^T + b
+    assert out.shape == (65, 33)
+    assert_close(out, blas.gemm(A, B, C, 1.0, 1.0, backend="python"), k=40)
+
+
+@pytest.mark.parametrize("dims", ["33", "32", "23"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_batched(backend, dtype, dims):
+    # 3-D with 3-D, and a 3-D operand with a 2-D one (broadcast over the batch)
+    A = randn(*((3,) if dims[0] == "3" else ()), 17, 24, dtype=dtype, layout="transposed")
+    B = randn(*((3,) if dims[1] == "3" else ()), 24, 9, dtype=dtype)
+    C = randn(9, dtype=dtype)
+    out = blas.gemm(A, B, C, -1.0, 2.0, backend=backend)
+    assert out.shape == (3, 17, 9)
+    assert_close(out, blas.gemm(A, B, C, -1.0, 2.0, backend="python"), k=24)
+
+
+def test_gemm_batch_of_one_broadcasts(backend):
+    A, B = randn(1, 17, 24), randn(4, 24, 9)
+    assert_close(blas.gemm(A, B, backend=backend), blas.gemm(A, B, backend="python"), k=24)
+
+
+def test_gemm_k_zero(backend):
+    A, B, C = randn(5, 0), randn(0, 7), randn(5, 7)
+    assert_close(blas.gemm(A, B, C, 1.0, 0.5, backend=backend), 0.5 * C)
+    assert torch.equal(blas.gemm(A, B, backend=backend), torch.zeros(5, 7, device=DEVICE))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_gemm_beta0_ignores_nan(backend, inplace):
+    A, B = operands(40, 24, 33, torch.float32)
+    C = torch.full((40, 33), math.nan, device=A.device)
+    C[::2] = math.inf
+    out = blas.gemm_(A, B, C, 2.0, 0.0, backend=backend) if inplace else blas.gemm(A, B, C, 2.0, 0.0, backend=backend)
+    assert_close(out, blas.gemm(A, B, None, 2.0, backend="python"), k=24)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_inplace(backend, dtype, layout):
+    A, B = operands(65, 40, 33, dtype, layout)
+    C, buffer = in_buffer(65, 33, dtype=dtype)
+    expected = blas.gemm(A, B, C, 0.5, -1.5, backend="python")
+    untouched = outside(C, buffer).clone()
+    assert blas.gemm_(A, B, C, 0.5, -1.5, backend=backend) is C
+    assert_close(C, expected, k=40)
+    assert torch.equal(outside(C, buffer), untouched)
+
+
+def test_gemm_inplace_batched(backend):
+    A, B = operands(17, 24, 9, torch.float32, "tn", batch=(3,))
+    C = randn(3, 17, 9)
+    expected = blas.gemm(A, B, C, 1.0, 1.0, backend="python")
+    blas.gemm_(A, B, C, 1.0, 1.0, backend=backend)
+    assert_close(C, expected, k=24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 4097, 2049), (4097, 1, 33)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_large(backend, dtype, shape, layout):
+    m, k, n = shape
+    A, B = operands(m, k, n, dtype, layout)
+    C = randn(n, dtype=dtype)
+    assert_close(blas.gemm(A, B, C, 1.0, 1.0, backend=backend), blas.gemm(A, B, C, 1.0, 1.0, backend="python"), k=k)
+
+
+@pytest.mark.gpu
+def test_gemm_float32_is_ieee_unless_tf32(backend):
+    # IEEE float32 products agree with the float64 truth to ~1e-6 relative; tf32 (10-bit
+    # mantissa) lands near 1e-4. Turning tf32 on must make the error grow on tensor-core backends.
+    A, B = operands(512, 2048, 512, torch.float32)
+    truth = (A.double() @ B.double())
+
+    def rel_err():
+        out = blas.gemm(A, B, backend=backend).double()
+        return ((out - truth).norm() / truth.norm()).item()
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ieee = rel_err()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tf32 = rel_err()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert ieee < 1e-5, ieee
+    assert tf32 < 5e-3, tf32
+    assert tf32 > 10 * ieee, (ieee, tf32)

@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from kcourse import blas
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+
+SIZES = [1, 7, 1000, 4097]
+ALPHAS = [2.5, -0.75, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype):
+    x = randn(33, dtype=dtype)
+    expected = (-1.5 * x.double()).to(dtype)
+    assert_close(blas.scal(x, -1.5, backend="python"), expected)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_scal(backend, dtype, n, layout, alpha):
+    if skip_float64(backend) and dtype == torch.float64:
+        pytest.skip(f"{backend} has no float64")
+    x = randn(n, dtype=dtype, layout=layout)
+    x0 = x.clone()
+    assert_close(blas.scal(x, alpha, backend=backend), blas.scal(x, alpha, backend="python"))
+    assert torch.equal(x, x0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scal_inplace(backend, dtype):
+    x, buffer = in_buffer(4097, dtype=dtype)
+    expected = blas.scal(x, -3.0, backend="python")
+    untouched = outside(x, buffer).clone()
+    assert blas.scal_(x, -3.0, backend=backend) is x
+    assert_close(x, expected)
+    assert torch.equal(outside(x, buffer), untouched)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scal_matrix_views(backend, dtype):
+    A = randn(33, 65, dtype=dtype, layout="transposed")
+    assert_close(blas.scal(A, 0.5, backend=backend), blas.scal(A, 0.5, backend="python"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2**20 + 3, 2**24])
+def test_scal_large(backend, n):
+    x = randn(n)
+    assert_close(blas.scal(x, 1.25, backend=backend), blas.scal(x, 1.25, backend="python"))
