@@ -1,0 +1,158 @@
+"""One ``torch.autograd.Function`` per out-of-place BLAS op.
+
+``forward`` runs the kernel of the backend the call resolved to and pins that backend in ``ctx``;
+``backward`` composes the pullback from kcourse BLAS ops on the same backend (DESIGN.md):
+
+    gemm  C = a A B + b C0   dA = a dC B^T (gemm)   dB = a A^T dC (gemm)   dC0 = b dC (scal)
+    gemv  y = a A x + b y0   dA = a dy x^T (geru)   dx = a A^T dy (gemv)   dy0 = b dy (scal)
+    geru  A = A0 + a x y^T   dA0 = dA               dx = a dA y (gemv)     dy = a dA^T x (gemv)
+    dot   z = x^T y          dx = dz y (scal)       dy = dz x (scal)
+    axpby r = a x + b y      dx = a dr (scal)       dy = b dr (scal)
+
+Where an input was broadcast (a bias row, a 2-D operand of a batched gemm), its gradient is summed
+over the broadcast dimensions by ``_sum_to``, itself a gemv with a vector of ones. Only inputs
+that need a gradient cost work (``ctx.needs_input_grad``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import blas as api  # the public ops (this module is imported while kcourse.blas initializes)
+
+
+def _sum_to(grad: torch.Tensor, shape: torch.Size, backend: str) -> torch.Tensor:
+    """Sum ``grad`` over the dimensions that broadcasting expanded from ``shape``: one gemv."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.dim() - len(shape)
+    padded = (1,) * lead + tuple(shape)
+    reduced = [d for d in range(grad.dim()) if padded[d] == 1 and grad.shape[d] != 1]
+    kept = [d for d in range(grad.dim()) if d not in reduced]
+    rows = grad.permute(*reduced, *kept).reshape(-1, math.prod(grad.shape[d] for d in kept))  # (R, K)
+    ones = torch.ones(rows.shape[0], dtype=grad.dtype, device=grad.device)
+    return api.gemv(rows.mT, ones, backend=backend).reshape(shape)  # (K, R) @ (R,) -> (K,)
+
+
+class Copy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, backend):
+        return api._run_copy(x, backend)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+class Swap(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, backend):
+        return api._run_swap(x, y, backend)
+
+    @staticmethod
+    def backward(ctx, dx_new, dy_new):  # x' = y, y' = x
+        return dy_new, dx_new, None
+
+
+class Scal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha, backend):
+        ctx.alpha, ctx.backend = alpha, backend
+        return api._run_scal(x, alpha, backend)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return api.scal(dy, ctx.alpha, backend=ctx.backend), None, None
+
+
+class Axpby(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, alpha, beta, backend):
+        ctx.alpha, ctx.beta, ctx.backend = alpha, beta, backend
+        return api._run_axpby(x, y, alpha, beta, backend)
+
+    @staticmethod
+    def backward(ctx, dr):
+        dx = api.scal(dr, ctx.alpha, backend=ctx.backend) if ctx.needs_input_grad[0] else None
+        dy = api.scal(dr, ctx.beta, backend=ctx.backend) if ctx.needs_input_grad[1] else None
+        return dx, dy, None, None, None
+
+
+class Dot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, backend):
+        ctx.save_for_backward(x, y)
+        ctx.backend = backend
+        return api._run_dot(x, y, backend)
+
+    @staticmethod
+    def backward(ctx, dz):
+        x, y = ctx.saved_tensors
+        dz = dz.item()  # scal takes a host scalar: one sync per dot backward
+        dx = api.scal(y, dz, backend=ctx.backend) if ctx.needs_input_grad[0] else None
+        dy = api.scal(x, dz, backend=ctx.backend) if ctx.needs_input_grad[1] else None
+        return dx, dy, None
+
+
+class Gemv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, x, y, alpha, beta, backend):
+        ctx.save_for_backward(A, x)
+        ctx.alpha, ctx.beta, ctx.backend = alpha, beta, backend
+        return api._run_gemv(A, x, y, alpha, beta, backend)
+
+    @staticmethod
+    def backward(ctx, dy):
+        A, x = ctx.saved_tensors
+        a, b, be = ctx.alpha, ctx.beta, ctx.backend
+        dA = dx = dy0 = None
+        if ctx.needs_input_grad[0]:
+            dA = api.geru(torch.zeros_like(A), dy, x, a, backend=be)  # (m, n)
+        if ctx.needs_input_grad[1]:
+            dx = api.gemv(A.mT, dy, alpha=a, backend=be)  # (n, m) @ (m,) -> (n,)
+        if ctx.needs_input_grad[2]:
+            dy0 = api.scal(dy, b, backend=be)
+        return dA, dx, dy0, None, None, None
+
+
+class Geru(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, x, y, alpha, backend):
+        ctx.save_for_backward(x, y)
+        ctx.alpha, ctx.backend = alpha, backend
+        return api._run_geru(A, x, y, alpha, backend)
+
+    @staticmethod
+    def backward(ctx, dA):
+        x, y = ctx.saved_tensors
+        a, be = ctx.alpha, ctx.backend
+        dx = api.gemv(dA, y, alpha=a, backend=be) if ctx.needs_input_grad[1] else None  # (m, n) @ (n,)
+        dy = api.gemv(dA.mT, x, alpha=a, backend=be) if ctx.needs_input_grad[2] else None  # (n, m) @ (m,)
+        return dA, dx, dy, None, None
+
+
+class Gemm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, B, C, alpha, beta, backend):
+        ctx.save_for_backward(A, B)
+        ctx.alpha, ctx.beta, ctx.backend = alpha, beta, backend
+        ctx.C_shape = None if C is None else C.shape
+        return api._run_gemm(A, B, C, alpha, beta, backend)
+
+    @staticmethod
+    def backward(ctx, dC):
+        A, B = ctx.saved_tensors
+        a, b, be = ctx.alpha, ctx.beta, ctx.backend
+        dA = dB = dC0 = None
+        if ctx.needs_input_grad[0]:
+            dA = _sum_to(api.gemm(dC, B.mT, alpha=a, backend=be), A.shape, be)  # (.., m, n)(.., n, k)
+        if ctx.needs_input_grad[1]:
+            if B.dim() == 2 and dC.dim() == 3:  # B shared by the batch: one (k, b*m) @ (b*m, n) gemm
+                k, n = B.shape
+                dB = api.gemm(A.expand(dC.shape[0], -1, -1).reshape(-1, k).mT, dC.reshape(-1, n), alpha=a, backend=be)
+            else:
+                dB = _sum_to(api.gemm(A.mT, dC, alpha=a, backend=be), B.shape, be)  # (.., k, m)(.., m, n)
+        if ctx.needs_input_grad[2]:
+            dC0 = _sum_to(api.scal(dC, b, backend=be), ctx.C_shape, be)
+        return dA, dB, dC0, None, None, None

@@ -1,0 +1,95 @@
+"""What the Triton kernels share: the interpreter switch, int64 indices, and n-D strided indexing.
+
+Elementwise ops (copy, swap, scal, axpby) take same-shape tensors whose strides may all differ.
+``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims, and a kernel maps
+each flat index to an operand's memory offset with ``strided_offsets``. When every operand is laid
+out the same dense way (all contiguous, say) the layout is one dim of stride 1; Triton compiles
+integer arguments equal to 1 as constants, so the kernel becomes a plain, vectorized 1-D sweep.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ...backend import triton_interpreting
+
+INTERPRET = triton_interpreting()  # True: kernels run on the CPU through Triton's interpreter
+MAX_DIMS = 4  # the most dims, after merging, that an elementwise kernel indexes
+BLOCK = 4096  # elements per program in the memory-bound kernels: 16 per thread with 8 warps
+NUM_WARPS = 8
+
+
+@triton.jit
+def block_indices(BLOCK: tl.constexpr):
+    """This program's BLOCK consecutive indices, in int64 so that huge tensors cannot overflow."""
+    return tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
+def strided_offsets(i, shape, strides):
+    """Memory offsets (in elements) of the row-major flat indices ``i`` over ``shape`` in a tensor
+    with ``strides``: peel off one coordinate per dim, innermost first, and weight it by its stride."""
+    offsets = tl.zeros_like(i)
+    for d in tl.static_range(len(shape) - 1, 0, -1):
+        offsets += (i % shape[d]) * strides[d]
+        i = i // shape[d]
+    return offsets + i * strides[0]
+
+
+def strided_layout(op: str, *tensors):
+    """One ``shape`` and a ``strides`` tuple per tensor, describing the same-shape ``tensors``.
+
+    Size-1 dims are dropped, the others ordered by the last tensor's strides (largest first), and
+    neighbours d, d+1 merged wherever every tensor steps through them as through a single dim
+    (``stride[d] == stride[d+1] * size[d+1]``). Contiguous tensors become ``(numel,)``, ``(1,)``.
+    """
+    ref = tensors[-1]
+    dims = sorted((d for d in range(ref.dim()) if ref.shape[d] != 1), key=lambda d: -ref.stride(d))
+    shape = [ref.shape[d] for d in dims]
+    strides = [[t.stride(d) for d in dims] for t in tensors]
+    for d in reversed(range(len(shape) - 1)):
+        if all(s[d] == s[d + 1] * shape[d + 1] for s in strides):
+            shape[d] *= shape.pop(d + 1)
+            for s in strides:
+                s[d] = s.pop(d + 1)
+    if len(shape) > MAX_DIMS:
+        described = ", ".join(f"{tuple(t.shape)} with strides {t.stride()}" for t in tensors)
+        raise ValueError(f"{op}: the triton kernel indexes at most {MAX_DIMS} dims that cannot be merged, "
+                         f"but these tensors need {len(shape)}: {described}; pass a .contiguous() copy")
+    if not shape:  # a single element
+        return (1,), [(1,)] * len(tensors)
+    return tuple(shape), [tuple(s) for s in strides]
+
+
+def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
+    """Run ``kernel(*tensors, numel, shape, *strides, *scalars, BLOCK)`` over the same-shape
+    ``tensors``, one program per BLOCK elements. A ``None`` tensor (an operand the kernel must not
+    read) is passed as ``None``, with ``None`` strides."""
+    present = [t for t in tensors if t is not None]
+    shape, strides = strided_layout(op, *present)
+    present_strides = iter(strides)
+    strides = [next(present_strides) if t is not None else None for t in tensors]
+    numel = present[0].numel()
+    kernel[(triton.cdiv(numel, BLOCK),)](*tensors, numel, shape, *strides, *scalars,
+                                         BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def _fix_interpreter_for_numpy_2_4() -> None:
+    # Triton 3.6's interpreter turns a scalar into a Python int with int(array of one element),
+    # which NumPy >= 2.4 refuses, so every loop with a runtime bound fails (triton#9171, fixed
+    # upstream by triton#9172). Same patch: take the element out first.
+    from triton.runtime import interpreter
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "kcourse_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched.kcourse_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _fix_interpreter_for_numpy_2_4()

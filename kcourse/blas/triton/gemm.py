@@ -1,0 +1,98 @@
+"""gemm: out <- alpha * A B + beta * C for A (m, k), B (k, n), C and out (m, n), or a batch of them.
+
+FLOPs: 2mnk per matrix. Bytes, at least: (mk + kn + 2mn) * itemsize per matrix (mn once if beta == 0).
+
+Each program computes one (BLOCK_M, BLOCK_N) tile of out: it walks k BLOCK_K at a time, loading a
+(BLOCK_M, BLOCK_K) tile of A and a (BLOCK_K, BLOCK_N) tile of B and adding their product
+(``tl.dot``, tensor cores on a GPU) into a float32 accumulator. The epilogue forms
+alpha * acc + beta * C in float32 and rounds once. Details worth reading the kernel for:
+  - every operand is addressed through its own strides (batch, row, column), so transposed and
+    sliced views, stride-0 batches (one matrix shared by the batch) and a broadcast C
+    (a bias row arrives as strides (0, 0, 1)) are read in place: nothing is copied;
+  - grouped ordering: consecutive programs take GROUP_M tile-rows of one column band, so the A and
+    B tiles they share are still in L2 when the neighbours ask for them;
+  - one grid axis covers batch x tiles (the other axes are capped at 65535 programs);
+  - float32 operands use exact float32 products (input_precision "ieee") unless
+    torch.backends.cuda.matmul.allow_tf32 is on ("tf32"). Triton's CPU interpreter multiplies
+    bfloat16 tiles wrongly, so there (UPCAST) the tiles are converted to float32 before tl.dot.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import INTERPRET
+
+if INTERPRET:  # one small config: the interpreter would take minutes to autotune
+    CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4)]
+else:  # tuned for H100; configs that do not fit in shared memory are skipped by the autotuner
+    CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                             num_warps=w, num_stages=s)
+               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+                                        (128, 128, 64, 4, 4), (64, 256, 32, 4, 4), (128, 64, 32, 4, 4),
+                                        (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
+
+
+@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"])
+@triton.jit
+def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
+                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                stride_cb, stride_cm, stride_cn, stride_ob, stride_om, stride_on, alpha, beta,
+                PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    batch, tile = pid // (tiles_m * tiles_n), pid % (tiles_m * tiles_n)
+    # grouped ordering: tiles run down GROUP_M tile-rows, then move one tile-column right
+    group = tile // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    group_m = tl.minimum(tiles_m - first_m, GROUP_M)  # the last group may be shorter
+    tile_m = first_m + (tile % (GROUP_M * tiles_n)) % group_m
+    tile_n = (tile % (GROUP_M * tiles_n)) // group_m
+
+    batch = batch.to(tl.int64)  # int64 offsets: a huge tensor must not overflow them
+    rows = tile_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    cols = tile_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    ks = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+    row_mask, col_mask = rows < M, cols < N
+    a_ptrs = A_ptr + batch * stride_ab + rows[:, None] * stride_am + ks[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
+    b_ptrs = B_ptr + batch * stride_bb + ks[:, None] * stride_bk + cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
+    a_step = BLOCK_K * tl.cast(stride_ak, tl.int64)
+    b_step = BLOCK_K * tl.cast(stride_bk, tl.int64)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = ks < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += a_step
+        b_ptrs += b_step
+
+    out = alpha * acc
+    mask = row_mask[:, None] & col_mask[None, :]
+    if C_ptr is not None:  # a compile-time test: C is None when beta == 0
+        c_ptrs = C_ptr + batch * stride_cb + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+        out += beta * tl.load(c_ptrs, mask=mask).to(tl.float32)
+    o_ptrs = out_ptr + batch * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemm(A, B, C, alpha, beta, out):
+    """``out <- alpha * A B + beta * C`` for 2-D or (same-batch) 3-D operands; ``C`` is None when
+    ``beta == 0``. Returns ``out``."""
+    if out.dim() == 2:  # a batch of one; [None] adds a leading dim to the view, nothing is copied
+        gemm(A[None], B[None], None if C is None else C[None], alpha, beta, out[None])
+        return out
+    batch, M, K = A.shape
+    N = B.shape[2]
+    tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    grid = lambda meta: (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    gemm_kernel[grid](A, B, C, out, M, N, K, *A.stride(), *B.stride(),
+                      *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta,
+                      PRECISION="tf32" if tf32 else "ieee", UPCAST=INTERPRET and A.dtype != torch.float32)
+    return out

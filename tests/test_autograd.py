@@ -1,0 +1,121 @@
+"""Pullbacks of the BLAS ops: gradients against the python reference's, gradcheck in float64,
+the backward pinned to the forward's backend, and no work for inputs that need no gradient."""
+import pytest
+import torch
+
+import kcourse
+import kcourse.backend as backend_module
+from kcourse import blas
+from _util import DEVICE, DTYPES, assert_close, randn
+
+# op name, a factory of its inputs (m=7, n=5, k=6), the call, and the reduction length of its grads
+CASES = {
+    "copy": (lambda d: [randn(7, 5, dtype=d)], lambda x, b: blas.copy(x, backend=b), 1),
+    "swap": (lambda d: [randn(9, dtype=d), randn(9, dtype=d)],
+             lambda x, y, b: torch.cat(blas.swap(x, y, backend=b)) * torch.arange(18, device=DEVICE), 1),
+    "scal": (lambda d: [randn(9, dtype=d)], lambda x, b: blas.scal(x, -1.5, backend=b), 1),
+    "axpby": (lambda d: [randn(9, dtype=d), randn(9, dtype=d)], lambda x, y, b: blas.axpby(x, y, 2.0, -0.5, backend=b), 1),
+    "dot": (lambda d: [randn(9, dtype=d), randn(9, dtype=d)], lambda x, y, b: blas.dot(x, y, backend=b), 1),
+    "gemv": (lambda d: [randn(7, 5, dtype=d, layout="transposed"), randn(5, dtype=d), randn(7, dtype=d)],
+             lambda A, x, y, b: blas.gemv(A, x, y, 1.5, -2.0, backend=b), 7),
+    "geru": (lambda d: [randn(7, 5, dtype=d), randn(7, dtype=d), randn(5, dtype=d)],
+             lambda A, x, y, b: blas.geru(A, x, y, 0.5, backend=b), 7),
+    "gemm": (lambda d: [randn(7, 6, dtype=d), randn(6, 5, dtype=d, layout="transposed"), randn(7, 5, dtype=d)],
+             lambda A, B, C, b: blas.gemm(A, B, C, 2.0, 0.5, backend=b), 7),
+    "gemm_bias": (lambda d: [randn(3, 7, 6, dtype=d), randn(6, 5, dtype=d), randn(5, dtype=d)],
+                  lambda A, B, C, b: blas.gemm(A, B, C, 1.0, 1.0, backend=b), 21),
+    "gemm_batched": (lambda d: [randn(1, 7, 6, dtype=d), randn(3, 6, 5, dtype=d), randn(7, 1, dtype=d)],
+                     lambda A, B, C, b: blas.gemm(A, B, C, -1.0, 2.0, backend=b), 21),
+}
+
+
+def grads(case, backend, inputs, seed_grad):
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = CASES[case][1](*leaves, backend)
+    out.backward(seed_grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_match_reference(backend, case, dtype):
+    inputs = CASES[case][0](dtype)
+    out = CASES[case][1](*inputs, "python")
+    seed = torch.randn_like(out)
+    expected_out, expected = grads(case, "python", inputs, seed)
+    actual_out, actual = grads(case, backend, inputs, seed)
+    assert_close(actual_out, expected_out, k=CASES[case][2])
+    for g, g_ref in zip(actual, expected):
+        assert_close(g, g_ref, k=CASES[case][2])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_gradcheck_float64(case, name):
+    inputs = [t.detach().requires_grad_(True) for t in CASES[case][0](torch.float64)]
+    assert torch.autograd.gradcheck(lambda *xs: CASES[case][1](*xs, name), inputs)
+
+
+@pytest.mark.parametrize("case", ["gemm", "gemv", "geru", "dot"])
+def test_reference_gradients_are_torch_autograd(case):
+    # the python backend's pullback (composed BLAS ops) equals autograd through plain torch ops
+    inputs = CASES[case][0](torch.float64)
+    out = CASES[case][1](*inputs, "python")
+    seed = torch.randn_like(out)
+    _, ours = grads(case, "python", inputs, seed)
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    torch_fn = {
+        "gemm": lambda A, B, C: 2.0 * A @ B + 0.5 * C,
+        "gemv": lambda A, x, y: 1.5 * A @ x - 2.0 * y,
+        "geru": lambda A, x, y: A + 0.5 * torch.outer(x, y),
+        "dot": lambda x, y: (x * y).sum(),
+    }[case]
+    torch_fn(*leaves).backward(seed)
+    for g, t in zip(ours, leaves):
+        torch.testing.assert_close(g, t.grad)
+
+
+def spy_kernels(monkeypatch):
+    calls = []
+    real = backend_module._kernel
+
+    def spy(name, op):  # the kernel, wrapped to record each time it runs
+        kernel = real(name, op)
+
+        def recorded(*args):
+            calls.append((name, op))
+            return kernel(*args)
+
+        return recorded
+
+    monkeypatch.setattr(backend_module, "_kernel", spy)
+    return calls
+
+
+def test_backward_runs_on_the_forward_backend(monkeypatch):
+    A, B = randn(7, 6, dtype=torch.float64).requires_grad_(), randn(6, 5, dtype=torch.float64).requires_grad_()
+    with kcourse.use_backend("python"):
+        out = blas.gemm(A, B)
+    calls = spy_kernels(monkeypatch)
+    with kcourse.use_backend("pytorch"):  # a different block at backward time must not matter
+        out.sum().backward()
+    assert calls == [("python", "gemm"), ("python", "gemm")]  # dA and dB: two gemm calls
+
+
+def test_no_work_for_inputs_without_grad(monkeypatch):
+    A, B = randn(7, 6).requires_grad_(), randn(6, 5)
+    C = randn(5).requires_grad_()
+    out = blas.gemm(A, B, C, 1.0, 1.0, backend="python")
+    calls = spy_kernels(monkeypatch)
+    out.sum().backward()
+    # dA (gemm), dC (scal, then a gemv summing the bias over the rows); nothing for B
+    assert [op for _, op in calls] == ["gemm", "scal", "gemv"]
+    assert B.grad is None
+
+
+def test_inplace_ops_refuse_grad():
+    x = randn(5).requires_grad_()
+    with pytest.raises(RuntimeError, match="scal_: in-place ops are not differentiable"):
+        blas.scal_(x, 2.0)
+    with torch.no_grad():
+        blas.scal_(x, 2.0)
