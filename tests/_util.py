@@ -56,3 +56,22 @@ def in_buffer(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Ten
 def outside(view: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
     """The elements of ``buffer`` that ``in_buffer``'s view does not cover."""
     return buffer[..., 1::2]
+
+
+def spy_kernels(monkeypatch) -> list:
+    """Record ``(backend, op)`` each time a backend kernel runs (patches the kernel lookup)."""
+    import kcourse.backend as backend_module
+
+    calls, real = [], backend_module._kernel
+
+    def spy(name, op):
+        kernel = real(name, op)
+
+        def recorded(*args):
+            calls.append((name, op))
+            return kernel(*args)
+
+        return recorded
+
+    monkeypatch.setattr(backend_module, "_kernel", spy)
+    return calls

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import kcourse
-import kcourse.backend as backend_module
 from kcourse import blas
-from _util import DEVICE, DTYPES, assert_close, randn
+from _util import DEVICE, DTYPES, assert_close, randn, spy_kernels
 
 # op name, a factory of its inputs (m=7, n=5, k=6), the call, and the reduction length of its grads
 CASES = {
@@ -73,23 +72,6 @@ def test_reference_gradients_are_torch_autograd(case):
     torch_fn(*leaves).backward(seed)
     for g, t in zip(ours, leaves):
         torch.testing.assert_close(g, t.grad)
-
-
-def spy_kernels(monkeypatch):
-    calls = []
-    real = backend_module._kernel
-
-    def spy(name, op):  # the kernel, wrapped to record each time it runs
-        kernel = real(name, op)
-
-        def recorded(*args):
-            calls.append((name, op))
-            return kernel(*args)
-
-        return recorded
-
-    monkeypatch.setattr(backend_module, "_kernel", spy)
-    return calls
 
 
 def test_backward_runs_on_the_forward_backend(monkeypatch):

@@ -9,6 +9,7 @@ import torch
 import kcourse
 from kcourse import blas
 from kcourse.backend import ENV_VAR, NAMES
+from _util import spy_kernels
 
 
 def test_default_is_pytorch(monkeypatch):
@@ -38,27 +39,12 @@ def test_precedence_call_over_context_over_env(monkeypatch):
 
 
 def test_the_chosen_backend_runs(monkeypatch):
-    # each backend's kernel is looked up by name; record which backend's kernel ran
-    import kcourse.backend as backend_module
-
-    calls = []
-    real = backend_module._kernel
-
-    def spy(name, op):
-        kernel = real(name, op)
-
-        def recorded(*args):
-            calls.append(name)
-            return kernel(*args)
-
-        return recorded
-
-    monkeypatch.setattr(backend_module, "_kernel", spy)
+    calls = spy_kernels(monkeypatch)
     x = torch.randn(5)
     with kcourse.use_backend("python"):
         blas.scal(x, 2.0)
         blas.scal(x, 2.0, backend="pytorch")
-    assert calls == ["python", "pytorch"]
+    assert calls == [("python", "scal"), ("pytorch", "scal")]
 
 
 def test_unknown_name_lists_valid_ones():

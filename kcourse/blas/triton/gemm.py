@@ -7,8 +7,8 @@ Each program computes one (BLOCK_M, BLOCK_N) tile of out: it walks k BLOCK_K at 
 (``tl.dot``, tensor cores on a GPU) into a float32 accumulator. The epilogue forms
 alpha * acc + beta * C in float32 and rounds once. Details worth reading the kernel for:
   - every operand is addressed through its own strides (batch, row, column), so transposed and
-    sliced views, stride-0 batches (one matrix shared by the batch) and a broadcast C
-    (a bias row arrives as strides (0, 0, 1)) are read in place: nothing is copied;
+    sliced views, stride-0 batches (one matrix shared by the batch) and a broadcast C (a bias
+    row expanded to (m, n) arrives with strides (0, 1)) are read in place: nothing is copied;
   - grouped ordering: consecutive programs take GROUP_M tile-rows of one column band, so the A and
     B tiles they share are still in L2 when the neighbours ask for them;
   - one grid axis covers batch x tiles (the other axes are capped at 65535 programs);
@@ -55,7 +55,7 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
     batch = batch.to(tl.int64)  # int64 offsets: a huge tensor must not overflow them
     rows = tile_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     cols = tile_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    ks = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+    ks = tl.arange(0, BLOCK_K).to(tl.int64)  # (BLOCK_K,)
     row_mask, col_mask = rows < M, cols < N
     a_ptrs = A_ptr + batch * stride_ab + rows[:, None] * stride_am + ks[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
     b_ptrs = B_ptr + batch * stride_bb + ks[:, None] * stride_bk + cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
