@@ -108,10 +108,16 @@ def test_gemm_inplace_batched(backend):
     assert_close(C, expected, k=24)
 
 
+LARGE = [  # (dtype, (m, k, n), layout): realistic sizes, every dtype, the layouts Linear's pullback uses
+    *[(d, (4096, 4096, 4096), "nn") for d in DTYPES],
+    (torch.bfloat16, (4096, 4096, 4096), "tn"), (torch.bfloat16, (4096, 4096, 4096), "nt"),
+    *[(d, (1000, 4097, 2049), "nn") for d in DTYPES],
+    (torch.float16, (1000, 4097, 2049), "tt"), (torch.float32, (4097, 1, 33), "nn"),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
-@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 4097, 2049), (4097, 1, 33)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype, shape, layout", LARGE)
 def test_gemm_large(backend, dtype, shape, layout):
     m, k, n = shape
     A, B = operands(m, k, n, dtype, layout)

@@ -34,7 +34,16 @@ else:  # tuned for H100; configs that do not fit in shared memory are skipped by
                                         (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
-@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"])
+def tiles_that_fit(configs, args, **kwargs):
+    """Skip tiles far larger than the output: a 7 x 33 product tunes (and compiles) only the 64-wide
+    configs, and tuning a new small shape costs one or two compiles instead of eight."""
+    M, N = max(64, triton.next_power_of_2(args["M"])), max(64, triton.next_power_of_2(args["N"]))
+    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N]
+    return fit or configs[-1:]
+
+
+@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
+                 prune_configs_by={"early_config_prune": tiles_that_fit})
 @triton.jit
 def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
