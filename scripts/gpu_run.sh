@@ -12,12 +12,12 @@ mkdir -p "$out"
 } 2>&1 | tee "$out/env.txt"
 status=0
 if [[ $what == tests || $what == all ]]; then
-  KCOURSE_RECORD="$out/verified-run.json" timeout 420 python3 -m pytest -q -p no:cacheprovider --durations=10 tests 2>&1 \
+  KCOURSE_RECORD="$out/verified-run.json" timeout 300 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=15 tests 2>&1 \
     | tee "$out/tests.log" | tail -n 40
   status=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
-  timeout 480 python3 benchmarks/run.py --out /tmp/bench 2>&1 | tee "$out/bench.log" | tail -n 60
+  timeout 270 python3 benchmarks/run.py --out /tmp/bench --backends pytorch,triton 2>&1 | tee "$out/bench.log" | tail -n 60
   tar -C /tmp -czf "$out/bench.tgz" bench
 fi
 exit $status

@@ -54,23 +54,29 @@ _record: dict = {}
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    # tag the report with (op, backend); it travels to the controller under pytest-xdist too
     outcome = yield
     report = outcome.get_result()
     module = item.module.__name__
     if report.when != "call" or not module.startswith("test_"):
         return
-    op = module[len("test_"):]
     params = getattr(getattr(item, "callspec", None), "params", {})
     backend = params.get("backend") or ("python" if item.originalname == "test_python_reference" else None)
-    if backend is None:
-        return
-    counts = _record.setdefault(op, {}).setdefault(backend, {"passed": 0, "failed": 0})
-    counts["passed" if report.passed else "failed"] += 1
+    if backend is not None:
+        report.user_properties.append(("kcourse", (module[len("test_"):], backend)))
+
+
+def pytest_runtest_logreport(report):
+    for key, value in report.user_properties:
+        if key == "kcourse" and report.when == "call" and not report.skipped:
+            op, backend = value
+            counts = _record.setdefault(op, {}).setdefault(backend, {"passed": 0, "failed": 0})
+            counts["passed" if report.passed else "failed"] += 1
 
 
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("KCOURSE_RECORD")
-    if not path:
+    if not path or hasattr(session.config, "workerinput"):  # xdist workers: the controller writes
         return
     import datetime
     import json

@@ -1,15 +1,29 @@
 """gemm: ``out = alpha * A B + beta * C`` with ``torch.addmm`` (2-D) or ``torch.baddbmm`` (3-D).
 
 ``C`` is None when ``beta == 0``: ``out.addmm_(A, B, beta=0)`` ignores ``out``'s old values.
+cuBLAS may reduce float16/bfloat16 split-K partial sums in half precision (PyTorch allows it by
+default); kcourse promises float32 accumulation, so those reductions are switched off for the call.
 """
+import contextlib
+
 import torch
+
+
+@contextlib.contextmanager
+def float32_reductions():
+    flags = torch.backends.cuda.matmul
+    saved = flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction
+    flags.allow_fp16_reduced_precision_reduction = flags.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction = saved
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,
          out: torch.Tensor) -> torch.Tensor:
     batched = A.dim() == 3
-    if C is None or out is C:
-        update = out.baddbmm_ if batched else out.addmm_
-        return update(A, B, beta=beta if C is not None else 0, alpha=alpha)
-    add = torch.baddbmm if batched else torch.addmm
-    return add(C, A, B, beta=beta, alpha=alpha, out=out)
+    with float32_reductions():
+        if C is None:
+            return (out.baddbmm_ if batched else out.addmm_)(A, B, beta=0, alpha=alpha)
+        return (torch.baddbmm if batched else torch.addmm)(C, A, B, beta=beta, alpha=alpha, out=out)

@@ -29,7 +29,7 @@ if INTERPRET:  # one small config: the interpreter would take minutes to autotun
 else:  # tuned for H100; configs that do not fit in shared memory are skipped by the autotuner
     CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
                              num_warps=w, num_stages=s)
-               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                                         (128, 128, 64, 4, 4), (64, 256, 32, 4, 4), (128, 64, 32, 4, 4),
                                         (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
@@ -44,12 +44,13 @@ def tiles_that_fit(configs, args, **kwargs):
 
 @triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
                  prune_configs_by={"early_config_prune": tiles_that_fit})
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                 stride_cb, stride_cm, stride_cn, stride_ob, stride_om, stride_on, alpha, beta,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -66,16 +67,22 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
     cols = tile_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     ks = tl.arange(0, BLOCK_K).to(tl.int64)  # (BLOCK_K,)
     row_mask, col_mask = rows < M, cols < N
-    a_ptrs = A_ptr + batch * stride_ab + rows[:, None] * stride_am + ks[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
-    b_ptrs = B_ptr + batch * stride_bb + ks[:, None] * stride_bk + cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
+    # loads wrap the tile's overhanging rows and columns back into range (rows % M): every load is
+    # in bounds and needs no mask; the store below drops those rows and columns
+    a_rows, b_cols = rows % M, cols % N
+    a_ptrs = A_ptr + batch * stride_ab + a_rows[:, None] * stride_am + ks[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
+    b_ptrs = B_ptr + batch * stride_bb + ks[:, None] * stride_bk + b_cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
     a_step = BLOCK_K * tl.cast(stride_ak, tl.int64)
     b_step = BLOCK_K * tl.cast(stride_bk, tl.int64)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = ks < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        if EVEN_K:  # K is a multiple of BLOCK_K: no mask at all in the main loop
+            a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+        else:
+            k_mask = ks < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
