@@ -171,12 +171,50 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
     return written
 
 
+def readme_section(path: Path, reruns: list[Path]) -> str:
+    """The README's performance section: the target table of one run, and how the gemm target
+    points moved across repeated runs (the spread is part of the result)."""
+    results = json.loads(path.read_text())
+    meta = results["meta"]
+    lines = [f"{meta['device_name']}, {meta['date_utc'][:10]}; torch {meta['torch']}, triton {meta['triton']}, "
+             f"CUDA {meta['cuda']}. Ceilings measured in the same run: `copy_` {meta['copy_gbs']:.0f} GB/s; "
+             f"`torch.matmul` per shape. Results: [`{path.parent.as_posix()}`]({path.parent.as_posix()}).", "",
+             target_table(results)]
+    runs = [results] + [json.loads(r.read_text()) for r in reruns]
+    if reruns:
+        lines += ["", "gemm target points, fraction of `torch.matmul`, in each of the "
+                  f"{len(runs)} runs of that day (same code):", "",
+                  "| shape | dtype | backend | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
+                  "|---|---|---|" + "---:|" * len(runs)]
+        key = lambda p: (shape_text(p), p["dtype"], p["backend"])  # noqa: E731
+        for p in results["points"]:
+            if p["op"] != "gemm" or not p.get("target") or p.get("ceiling_point") or p["status"] != "ok":
+                continue
+            fractions = [next((q.get("fraction") for q in r["points"] if q["op"] == "gemm"
+                               and not q.get("ceiling_point") and key(q) == key(p)), None) for r in runs]
+            lines.append(f"| {' | '.join(key(p))} | " + " | ".join(_num(f, ".3f") for f in fractions) + " |")
+    return "\n".join(lines)
+
+
+def write_readme(section: str, readme: Path = Path(__file__).resolve().parents[1] / "README.md") -> None:
+    text = readme.read_text()
+    head, rest = text.split("<!-- bench:start -->")
+    _, tail = rest.split("<!-- bench:end -->")
+    readme.write_text(f"{head}<!-- bench:start -->\n{section}\n<!-- bench:end -->{tail}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a results.json written by benchmarks/run.py")
     parser.add_argument("--plots", action="store_true", help="also redraw <op>.png next to results.json")
+    parser.add_argument("--readme", action="store_true", help="write the README's performance section from this run")
+    parser.add_argument("--rerun", type=Path, action="append", default=[],
+                        help="with --readme: another run's results.json whose gemm points join the spread table")
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
+    if args.readme:
+        write_readme(readme_section(args.results, args.rerun))
+        return
     print(summary_markdown(results))
     if args.plots:
         for path in plot_all(results, args.results.parent):

@@ -26,9 +26,12 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, k: int = 1) -> No
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)))
 
 
-def skip_float64(backend: str) -> bool:
-    """float64 runs on python and pytorch only."""
-    return backend in ("triton", "cute")
+def require_dtype(backend: str, dtype: torch.dtype) -> None:
+    """Skip (saying why) where the backend has no kernel for ``dtype``: float64 runs on python and pytorch only."""
+    import pytest
+
+    if dtype == torch.float64 and backend in ("triton", "cute"):
+        pytest.skip(f"{backend} has no float64")
 
 
 def randn(*shape: int, dtype=torch.float32, layout: str = "contiguous") -> torch.Tensor:

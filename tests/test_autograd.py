@@ -55,6 +55,13 @@ def test_gradcheck_float64(case, name):
     assert torch.autograd.gradcheck(lambda *xs: CASES[case][1](*xs, name), inputs)
 
 
+@pytest.mark.parametrize("case", ["dot", "gemm", "axpby"])
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_second_derivatives_float64(case, name):
+    inputs = [t.detach().requires_grad_(True) for t in CASES[case][0](torch.float64)]
+    assert torch.autograd.gradgradcheck(lambda *xs: CASES[case][1](*xs, name), inputs)
+
+
 @pytest.mark.parametrize("case", ["gemm", "gemv", "geru", "dot"])
 def test_reference_gradients_are_torch_autograd(case):
     # the python backend's pullback (composed BLAS ops) equals autograd through plain torch ops

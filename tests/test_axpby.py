@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, require_dtype
 
 SIZES = [1, 7, 1000, 4097]
 SCALARS = [(1.0, 1.0), (2.0, -0.5), (-1.5, 0.0), (0.0, 3.0)]
@@ -22,8 +22,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_axpby(backend, dtype, n, layout, alpha, beta):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     x, y = randn(n, dtype=dtype, layout=layout), randn(n, dtype=dtype)
     x0, y0 = x.clone(), y.clone()
     assert_close(blas.axpby(x, y, alpha, beta, backend=backend), blas.axpby(x, y, alpha, beta, backend="python"))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, require_dtype
 
 SIZES = [1, 7, 1000, 4097]
 LAYOUTS = ["contiguous", "strided"]
@@ -18,8 +18,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_copy(backend, dtype, n, layout):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     x = randn(n, dtype=dtype, layout=layout)
     assert_close(blas.copy(x, backend=backend), blas.copy(x, backend="python"))
 

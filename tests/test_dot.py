@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, assert_close, randn, skip_float64
+from _util import ALL_DTYPES, assert_close, randn, require_dtype
 
 SIZES = [1, 7, 1000, 4097, 100_003]
 
@@ -18,8 +18,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_dot(backend, dtype, n, layout):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     x, y = randn(n, dtype=dtype, layout=layout), randn(n, dtype=dtype)
     z = blas.dot(x, y, backend=backend)
     assert z.shape == () and z.dtype == dtype and z.device == x.device

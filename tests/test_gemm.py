@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, in_buffer, outside, randn, require_dtype
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 1, 17), (65, 129, 33), (100, 64, 130)]  # (m, k, n)
 LAYOUTS = ["nn", "tn", "nt", "tt", "ss"]  # A then B: n row-major, t transposed view, s strided
@@ -29,8 +29,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_gemm(backend, dtype, shape, layout):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     m, k, n = shape
     A, B = operands(m, k, n, dtype, layout)
     C = randn(m, n, dtype=dtype, layout="transposed")

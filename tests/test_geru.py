@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, require_dtype
 
 SHAPES = [(1, 1), (7, 13), (1000, 7), (33, 1000), (257, 129)]
 LAYOUTS = ["contiguous", "transposed", "strided"]
@@ -20,8 +20,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_geru(backend, dtype, shape, layout, alpha):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     m, n = shape
     A, x, y = randn(m, n, dtype=dtype, layout=layout), randn(m, dtype=dtype, layout="strided"), randn(n, dtype=dtype)
     inputs = [t.clone() for t in (A, x, y)]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DTYPES, assert_close, in_buffer, outside, randn, require_dtype
 
 SIZES = [1, 7, 1000, 4097]
 ALPHAS = [2.5, -0.75, 0.0, 1.0]
@@ -20,8 +20,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_scal(backend, dtype, n, layout, alpha):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     x = randn(n, dtype=dtype, layout=layout)
     x0 = x.clone()
     assert_close(blas.scal(x, alpha, backend=backend), blas.scal(x, alpha, backend="python"))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kcourse import blas
-from _util import ALL_DTYPES, DTYPES, in_buffer, outside, randn, skip_float64
+from _util import ALL_DTYPES, DTYPES, in_buffer, outside, randn, require_dtype
 
 SIZES = [1, 7, 1000, 4097]
 
@@ -18,8 +18,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_swap(backend, dtype, n, layout):
-    if skip_float64(backend) and dtype == torch.float64:
-        pytest.skip(f"{backend} has no float64")
+    require_dtype(backend, dtype)
     x, y = randn(n, dtype=dtype, layout=layout), randn(n, dtype=dtype)
     x0, y0 = x.clone(), y.clone()
     x2, y2 = blas.swap(x, y, backend=backend)

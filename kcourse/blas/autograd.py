@@ -6,7 +6,7 @@
     gemm  C = a A B + b C0   dA = a dC B^T (gemm)   dB = a A^T dC (gemm)   dC0 = b dC (scal)
     gemv  y = a A x + b y0   dA = a dy x^T (geru)   dx = a A^T dy (gemv)   dy0 = b dy (scal)
     geru  A = A0 + a x y^T   dA0 = dA               dx = a dA y (gemv)     dy = a dA^T x (gemv)
-    dot   z = x^T y          dx = dz y (scal)       dy = dz x (scal)
+    dot   z = x^T y          dx = dz y (gemm)       dy = dz x (gemm)   (k = 1: dz stays a device tensor)
     axpby r = a x + b y      dx = a dr (scal)       dy = b dr (scal)
 
 Where an input was broadcast (a bias row, a 2-D operand of a batched gemm), its gradient is summed
@@ -88,10 +88,11 @@ class Dot(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dz):
+        # dx = dz y as an (n, 1) x (1, 1) gemm: dz stays on the device (no sync) and in the graph
         x, y = ctx.saved_tensors
-        dz = dz.item()  # scal takes a host scalar: one sync per dot backward
-        dx = api.scal(y, dz, backend=ctx.backend) if ctx.needs_input_grad[0] else None
-        dy = api.scal(x, dz, backend=ctx.backend) if ctx.needs_input_grad[1] else None
+        dz = dz.reshape(1, 1)
+        dx = api.gemm(y[:, None], dz, backend=ctx.backend)[:, 0] if ctx.needs_input_grad[0] else None
+        dy = api.gemm(x[:, None], dz, backend=ctx.backend)[:, 0] if ctx.needs_input_grad[1] else None
         return dx, dy, None
 
 
