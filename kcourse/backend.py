@@ -124,13 +124,23 @@ def resolve(op: str, backend: str | None = None) -> tuple[str, Callable]:
     return name, _kernel(name, op)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str, op: str) -> Callable:
+def module(name: str, op: str):
+    """The module ``kcourse.blas.<name>.<op>`` (imported on first use)."""
     module_name = f"kcourse.blas.{name}.{op}"
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name != module_name:
             raise
         raise NotImplementedError(f"{op}: the {name!r} backend has no kernel for {op} yet") from None
-    return getattr(module, op)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, op: str) -> Callable:
+    return getattr(module(name, op), op)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_kernel(name: str, op: str) -> Callable | None:
+    """``<op>_backward`` of the backend's module, or None for a composite of differentiable ops."""
+    return getattr(module(name, op), f"{op}_backward", None)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import resolve
+from ..backend import backward_kernel, resolve
 from . import _check, autograd
 
 __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_", "dot",
-           "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_"]
+           "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
+           "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
+           "swiglu", "embedding", "rope", "attention"]
 
 
 def _backend(op: str, backend: str | None) -> str:
@@ -209,3 +211,99 @@ def _run_gemm(A, B, C, alpha, beta, backend, out=None):
     C = C.expand(out_shape) if C is not None and beta != 0 else None
     out = _new(A, out_shape) if out is None else out
     return resolve("gemm", backend)[1](A, B, C, alpha, beta, out) if out.numel() else out
+
+
+# ----------------------------------------------------------------------------- transformer primitives
+# Each backend module exports `<op>(*inputs, **params) -> (out, cache)` and
+# `<op>_backward(dout, cache, needs, **params) -> grads` (autograd.Primitive). A module without
+# `<op>_backward` is a composite of differentiable kcourse ops (the python attention).
+
+def _primitive(op: str, backend: str, params: dict, *inputs):
+    if backward_kernel(backend, op) is None:
+        return resolve(op, backend)[1](*inputs, **params)[0]
+    return autograd.Primitive.apply(op, backend, params, *inputs)
+
+
+def softmax(x, dim=-1, backend=None):
+    """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` along ``dim``."""
+    name = _backend("softmax", backend)
+    return _primitive("softmax", name, _check.check_softmax(name, x, dim), x)
+
+
+def log_softmax(x, dim=-1, backend=None):
+    """``y_i = x_i - max x - log sum_j exp(x_j - max x)`` along ``dim``."""
+    name = _backend("log_softmax", backend)
+    return _primitive("log_softmax", name, _check.check_softmax(name, x, dim, op="log_softmax"), x)
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=None):
+    """``loss_i = logsumexp(logits_i) - logits_i[target_i]`` for logits ``(N, V)``, target ``(N,)``.
+
+    Rows whose target is ``ignore_index`` contribute nothing; ``"mean"`` averages over the other
+    rows, ``"sum"`` adds them, ``"none"`` returns the ``(N,)`` losses (0 for ignored rows).
+    """
+    name = _backend("cross_entropy", backend)
+    params = _check.check_cross_entropy(name, logits, target, ignore_index, reduction)
+    return _primitive("cross_entropy", name, params, logits, target)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, backend=None):
+    """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension (biased variance)."""
+    name = _backend("layer_norm", backend)
+    return _primitive("layer_norm", name, _check.check_layer_norm(name, x, weight, bias, eps), x, weight, bias)
+
+
+def rms_norm(x, weight=None, eps=1e-6, backend=None):
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
+    name = _backend("rms_norm", backend)
+    return _primitive("rms_norm", name, _check.check_rms_norm(name, x, weight, eps), x, weight)
+
+
+def gelu(x, approximate="none", backend=None):
+    """``x * Phi(x)`` (``approximate="tanh"``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
+    name = _backend("gelu", backend)
+    return _primitive("gelu", name, _check.check_activation(name, "gelu", x, approximate=approximate), x)
+
+
+def silu(x, backend=None):
+    """``x * sigmoid(x)``."""
+    name = _backend("silu", backend)
+    return _primitive("silu", name, _check.check_activation(name, "silu", x), x)
+
+
+def relu(x, backend=None):
+    """``max(x, 0)``."""
+    name = _backend("relu", backend)
+    return _primitive("relu", name, _check.check_activation(name, "relu", x), x)
+
+
+def swiglu(gate, up, backend=None):
+    """``silu(gate) * up``."""
+    name = _backend("swiglu", backend)
+    return _primitive("swiglu", name, _check.check_swiglu(name, gate, up), gate, up)
+
+
+def embedding(indices, weight, backend=None):
+    """``weight[indices]``: rows of ``weight (V, D)``, shape ``(*indices.shape, D)``; the backward
+    adds the gradients of repeated indices."""
+    name = _backend("embedding", backend)
+    return _primitive("embedding", name, _check.check_embedding(name, indices, weight), indices, weight)
+
+
+def rope(x, base=10000.0, positions=None, backend=None):
+    """Rotary embedding of ``x (..., T, D)``, rotate-half convention: with ``x1, x2`` the two halves
+    of the last dim and angle ``p * base^(-2i/D)`` at position ``p`` (default ``0..T-1``),
+    ``y = [x1 cos - x2 sin, x2 cos + x1 sin]``."""
+    name = _backend("rope", backend)
+    return _primitive("rope", name, _check.check_rope(name, x, base, positions), x, positions)
+
+
+def attention(q, k, v, causal=False, scale=None, backend=None):
+    """``softmax(q k^T * scale [+ causal mask]) v`` for q ``(B, H, Tq, D)``, k and v ``(B, Hkv, Tk, D)``.
+
+    Grouped-query when ``H`` is a multiple of ``Hkv`` (query head ``h`` reads kv head
+    ``h // (H / Hkv)``); ``scale`` defaults to ``D^-1/2``; ``causal`` lets query ``i`` see keys
+    ``j <= i`` (top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``).
+    """
+    name = _backend("attention", backend)
+    return _primitive("attention", name, _check.check_attention(name, q, k, v, causal, scale), q, k, v)

@@ -236,3 +236,135 @@ def check_gemm(backend, A, B, C, alpha, beta, *, inplace=False):
     if inplace:
         target(op, "C", C, A=A, B=B)
     return out
+
+
+# ----------------------------------------------------------------------------- transformer primitives
+# Each returns the op's normalized parameters (a dict passed to the backend kernels).
+
+def _dim(op: str, x: torch.Tensor, dim) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
+    if x.dim() == 0 or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{op}: dim {dim} is out of range for x of shape {shape(x)}")
+    return dim % x.dim()
+
+
+def check_softmax(backend, x, dim, *, op="softmax"):
+    tensor(op, "x", x)
+    same_kind(op, backend, x=x)
+    return {"dim": _dim(op, x, dim)}
+
+
+def check_cross_entropy(backend, logits, target, ignore_index, reduction):
+    op = "cross_entropy"
+    tensor(op, "logits", logits, (2,))
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        got = target.dtype if isinstance(target, torch.Tensor) else type(target).__name__
+        raise TypeError(f"{op}: target must be an int64 or int32 tensor of class indices, got {got}")
+    if target.shape != logits.shape[:1]:
+        raise ValueError(f"{op}: logits is {shape(logits)} and target is {shape(target)}; "
+                         f"target must be ({logits.shape[0]},), one class index per row")
+    if target.device != logits.device:
+        raise ValueError(f"{op}: logits is on {logits.device} but target is on {target.device}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    same_kind(op, backend, logits=logits)
+    return {"ignore_index": ignore_index, "reduction": reduction}
+
+
+def _norm_params(op, backend, x, eps, **params):
+    tensor(op, "x", x)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    d = x.shape[-1]
+    for name, p in params.items():
+        if p is None:
+            continue
+        tensor(op, name, p, (1,))
+        if p.shape[0] != d:
+            raise ValueError(f"{op}: x is {shape(x)} and {name} is {shape(p)}; {name} must be ({d},), "
+                             "the size of x's last dimension")
+    same_kind(op, backend, x=x, **params)
+    eps = scalar(op, "eps", eps)
+    if not eps > 0:
+        raise ValueError(f"{op}: eps must be positive, got {eps}")
+    return {"eps": eps}
+
+
+def check_layer_norm(backend, x, weight, bias, eps):
+    return _norm_params("layer_norm", backend, x, eps, weight=weight, bias=bias)
+
+
+def check_rms_norm(backend, x, weight, eps):
+    return _norm_params("rms_norm", backend, x, eps, weight=weight)
+
+
+def check_activation(backend, op, x, **params):
+    tensor(op, "x", x)
+    same_kind(op, backend, x=x)
+    if "approximate" in params and params["approximate"] not in ("none", "tanh"):
+        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {params['approximate']!r}")
+    return params
+
+
+def check_swiglu(backend, gate, up):
+    tensor("swiglu", "gate", gate), tensor("swiglu", "up", up)
+    same_shape("swiglu", "gate", gate, "up", up)
+    same_kind("swiglu", backend, gate=gate, up=up)
+    return {}
+
+
+def check_embedding(backend, indices, weight):
+    op = "embedding"
+    if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int64, torch.int32):
+        got = indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__
+        raise TypeError(f"{op}: indices must be an int64 or int32 tensor, got {got}")
+    tensor(op, "weight", weight, (2,))
+    if indices.device != weight.device:
+        raise ValueError(f"{op}: indices is on {indices.device} but weight is on {weight.device}")
+    same_kind(op, backend, weight=weight)
+    return {}
+
+
+def check_rope(backend, x, base, positions):
+    op = "rope"
+    tensor(op, "x", x)
+    if x.dim() < 2:
+        raise ValueError(f"{op}: x must be (..., T, D), got shape {shape(x)}")
+    T, D = x.shape[-2:]
+    if D % 2:
+        raise ValueError(f"{op}: x is {shape(x)}; its last dimension D = {D} must be even (two halves rotate)")
+    base = scalar(op, "base", base)
+    if not base > 0:
+        raise ValueError(f"{op}: base must be positive, got {base}")
+    if positions is not None:
+        if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64, torch.int32):
+            got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise TypeError(f"{op}: positions must be an int64 or int32 tensor, got {got}")
+        if positions.shape != (T,):
+            raise ValueError(f"{op}: x is {shape(x)} and positions is {shape(positions)}; positions must be ({T},)")
+        if positions.device != x.device:
+            raise ValueError(f"{op}: x is on {x.device} but positions is on {positions.device}")
+    same_kind(op, backend, x=x)
+    return {"base": base}
+
+
+def check_attention(backend, q, k, v, causal, scale):
+    op = "attention"
+    tensor(op, "q", q, (4,)), tensor(op, "k", k, (4,)), tensor(op, "v", v, (4,))
+    B, H, Tq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"{op}: k is {shape(k)} and v is {shape(v)}; they must have the same shape")
+    Bk, Hkv, Tk, Dk = k.shape
+    if Bk != B or Dk != D:
+        raise ValueError(f"{op}: q is {shape(q)} and k is {shape(k)}; batch and head dim must match "
+                         "(q (B, H, Tq, D), k and v (B, Hkv, Tk, D))")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"{op}: q has {H} heads and k, v have {Hkv}; H must be a multiple of Hkv")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    scale = D ** -0.5 if scale is None else scalar(op, "scale", scale)
+    same_kind(op, backend, q=q, k=k, v=v)
+    return {"causal": causal, "scale": scale}

@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
+from ..backend import backward_kernel, resolve
 from .. import blas as api  # the public ops (this module is imported while kcourse.blas initializes)
 
 
@@ -157,3 +159,29 @@ class Gemm(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dC0 = _sum_to(api.scal(dC, b, backend=be), ctx.C_shape, be)
         return dA, dB, dC0, None, None, None
+
+
+class Primitive(torch.autograd.Function):
+    """A transformer primitive (softmax, norms, activations, cross-entropy, embedding, rope,
+    attention), llm.c style: the backend's ``<op>(*inputs, **params) -> (out, cache)`` runs the
+    forward, and its ``<op>_backward(dout, cache, needs, **params) -> grads`` the backward, with
+    ``needs`` the inputs that want a gradient. The backward kernels are not themselves
+    differentiable: a double backward raises instead of returning a wrong answer."""
+
+    @staticmethod
+    def forward(ctx, op, backend, params, *inputs):
+        out, cache = resolve_kernel(op, backend)(*inputs, **params)
+        ctx.op, ctx.backend, ctx.params = op, backend, params
+        ctx.save_for_backward(*cache)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        kernel = backward_kernel(ctx.backend, ctx.op)
+        grads = kernel(dout.contiguous(), ctx.saved_tensors, ctx.needs_input_grad[3:], **ctx.params)
+        return (None, None, None, *grads)
+
+
+def resolve_kernel(op: str, backend: str):
+    return resolve(op, backend)[1]
