@@ -5,8 +5,8 @@
     with kcourse.use_backend("triton"):
         C = kcourse.blas.gemm(A, B)     # or kcourse.blas.gemm(A, B, backend="triton")
 """
-from . import blas
+from . import blas, modules
 from .backend import BackendInfo, backends, get_backend, use_backend
 
-__all__ = ["blas", "use_backend", "get_backend", "backends", "BackendInfo"]
+__all__ = ["blas", "modules", "use_backend", "get_backend", "backends", "BackendInfo"]
 __version__ = "0.1.0"

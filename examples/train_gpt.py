@@ -1,0 +1,188 @@
+"""Train a character-level GPT built from kcourse.modules on any backend.
+
+The corpus is on every machine: the Python standard library's own source files. Characters are
+bytes (vocabulary 256). The script prints the unigram entropy of the training text (the loss of
+the best model that ignores context) beside the model's loss, shows a progress bar, writes a loss
+curve and a checkpoint into --out, and samples some text at the end.
+
+    python examples/train_gpt.py --backend pytorch --steps 300 --out runs/gpt
+    python examples/train_gpt.py --backend pytorch --steps 600 --out runs/gpt --resume   # continue
+    python examples/train_gpt.py --backend triton --device cuda --dtype bfloat16 --steps 2000 --out runs/gpt-gpu
+
+--resume continues from the checkpoint and produces exactly the losses an uninterrupted run
+would have produced: the model, the optimizer, every random generator and the step are saved.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+import kcourse
+from kcourse.modules import GPT, GPTConfig
+
+
+def corpus(max_bytes: int) -> torch.Tensor:
+    """The standard library's .py files, sorted by path, concatenated: a uint8 tensor."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        size += len(data)
+        if size >= max_bytes:
+            break
+    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8).long()
+
+
+def unigram_entropy(data: torch.Tensor) -> float:
+    """Entropy (nats) of the byte distribution: the loss of a model that ignores context."""
+    p = torch.bincount(data, minlength=256).double() / data.numel()
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
+def batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator, device):
+    starts = torch.randint(0, data.numel() - block - 1, (batch_size,), generator=gen)
+    offsets = starts[:, None] + torch.arange(block + 1)  # (B, T + 1)
+    seq = data[offsets].to(device)
+    return seq[:, :-1], seq[:, 1:]  # inputs, targets: (B, T) each
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="pytorch", choices=kcourse.backend.NAMES)
+    p.add_argument("--steps", type=int, default=300, help="total optimizer steps (a resumed run continues to it)")
+    p.add_argument("--out", type=Path, default=Path("runs/gpt"))
+    p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
+    p.add_argument("--stop-at", type=int, default=None,
+                   help="stop (and checkpoint) after this step, as an interruption would; --resume continues")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--n-layer", type=int, default=3)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--llama", action="store_true", help="swiglu, rmsnorm, rope, 2 kv heads, no bias")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--corpus-bytes", type=int, default=2_000_000)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--sample", type=int, default=300, help="bytes to sample at the end (0: none)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def build(args) -> tuple[GPT, torch.optim.Optimizer]:
+    extra = dict(mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=max(1, args.n_head // 2), bias=False) \
+        if args.llama else {}
+    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, **extra)
+    model = GPT(config, backend=args.backend).to(args.device, getattr(torch, args.dtype))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    return model, optimizer
+
+
+def lr_at(step: int, args) -> float:
+    """Linear warm-up over 5% of the steps, then cosine decay to 10%."""
+    warm = max(1, args.steps // 20)
+    if step < warm:
+        return args.lr * (step + 1) / warm
+    t = (step - warm) / max(1, args.steps - warm)
+    return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+
+
+def train(args) -> list[float]:
+    """Run (or resume) training; returns the whole loss sequence, one value per step."""
+    torch.manual_seed(args.seed)
+    data = corpus(args.corpus_bytes)
+    split = int(0.9 * data.numel())
+    train_data, val_data = data[:split], data[split:]
+    model, optimizer = build(args)
+    gen = torch.Generator().manual_seed(args.seed)
+    losses, start = [], 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = args.out / "checkpoint.pt"
+    if args.resume:
+        ckpt = torch.load(ckpt_path, map_location=args.device, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["generator"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        losses, start = ckpt["losses"], ckpt["step"]
+
+    entropy = unigram_entropy(train_data)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"backend {args.backend} on {args.device} ({args.dtype}); {n_params / 1e6:.2f}M parameters; "
+          f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats")
+    end = min(args.steps, args.stop_at) if args.stop_at else args.steps
+    steps = range(start, end)
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+        bar = tqdm(total=args.steps, initial=start)
+    tokens, t0 = 0, time.perf_counter()
+    for step in steps:
+        x, y = batch(train_data, args.batch_size, args.block_size, gen, args.device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        tokens += x.numel()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / (time.perf_counter() - t0):,.0f}")
+    if bar is not None:
+        bar.close()
+
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
+                "torch_rng": torch.get_rng_state(), "losses": losses, "step": end,
+                "config": vars(model.config)}, ckpt_path)
+    val = evaluate(model, val_data, args)
+    tail = sum(losses[-20:]) / len(losses[-20:]) if losses else float("nan")
+    print(f"train loss (last 20 steps) {tail:.3f}, validation loss {val:.3f}, unigram entropy {entropy:.3f} nats")
+    (args.out / "losses.json").write_text(json.dumps({"losses": losses, "val": val, "unigram_entropy": entropy}))
+    plot(losses, entropy, args.out / "loss.png")
+    if args.sample:
+        prompt = torch.tensor([list(b"def ")], device=args.device)
+        text = model.generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
+        print("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
+    return losses
+
+
+@torch.no_grad()
+def evaluate(model: GPT, data: torch.Tensor, args, batches: int = 8) -> float:
+    gen = torch.Generator().manual_seed(0)
+    total = 0.0
+    for _ in range(batches):
+        x, y = batch(data, args.batch_size, args.block_size, gen, args.device)
+        total += model(x, y)[1].item()
+    return total / batches
+
+
+def plot(losses: list[float], entropy: float, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(losses, label="train loss")
+    ax.axhline(entropy, color="gray", linestyle="--", label="unigram entropy")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    train(parse_args())

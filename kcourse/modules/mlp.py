@@ -1,0 +1,41 @@
+"""The two feed-forward blocks of a transformer: MLP (up, activation, down) and SwiGLU."""
+from __future__ import annotations
+
+import torch
+
+from .. import blas
+from .base import Module
+from .linear import Linear
+
+ACTIVATIONS = {"gelu": blas.gelu, "gelu_tanh": lambda x, backend: blas.gelu(x, "tanh", backend=backend),
+               "relu": blas.relu, "silu": blas.silu}
+
+
+class MLP(Module):
+    """``c_proj(act(c_fc(x)))``: ``dim -> hidden -> dim``."""
+
+    def __init__(self, dim: int, hidden: int, activation: str = "gelu", bias: bool = True, backend=None):
+        super().__init__(backend)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
+        self.c_fc = Linear(dim, hidden, bias, backend)
+        self.c_proj = Linear(hidden, dim, bias, backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = ACTIVATIONS[self.activation](self.c_fc(x), backend=self.backend)  # (..., hidden)
+        return self.c_proj(h)  # (..., dim)
+
+
+class SwiGLU(Module):
+    """``w_down(silu(w_gate x) * w_up x)``: ``dim -> hidden -> dim`` (Llama's feed-forward)."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False, backend=None):
+        super().__init__(backend)
+        self.w_gate = Linear(dim, hidden, bias, backend)
+        self.w_up = Linear(dim, hidden, bias, backend)
+        self.w_down = Linear(hidden, dim, bias, backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = blas.swiglu(self.w_gate(x), self.w_up(x), backend=self.backend)  # (..., hidden)
+        return self.w_down(h)  # (..., dim)
