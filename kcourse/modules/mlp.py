@@ -7,8 +7,8 @@ from .. import blas
 from .base import Module
 from .linear import Linear
 
-ACTIVATIONS = {"gelu": blas.gelu, "gelu_tanh": lambda x, backend: blas.gelu(x, "tanh", backend=backend),
-               "relu": blas.relu, "silu": blas.silu}
+ACTIVATIONS = {"gelu": ("gelu", {}), "gelu_tanh": ("gelu", {"approximate": "tanh"}),
+               "relu": ("relu", {}), "silu": ("silu", {})}  # name -> (kcourse.blas op, its arguments)
 
 
 class MLP(Module):
@@ -23,7 +23,8 @@ class MLP(Module):
         self.c_proj = Linear(hidden, dim, bias, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = ACTIVATIONS[self.activation](self.c_fc(x), backend=self.backend)  # (..., hidden)
+        op, kwargs = ACTIVATIONS[self.activation]
+        h = getattr(blas, op)(self.c_fc(x), **kwargs, backend=self.backend)  # (..., hidden)
         return self.c_proj(h)  # (..., dim)
 
 
