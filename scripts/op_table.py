@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("python", "pytorch", "triton", "cute")
-OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm")
+OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm", "softmax", "log_softmax",
+       "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu", "swiglu", "embedding", "rope",
+       "attention")
 VERIFIED = ROOT / "docs" / "verified.json"
 README = ROOT / "README.md"
 START, END = "<!-- op-table:start -->", "<!-- op-table:end -->"

@@ -266,6 +266,8 @@ def check_cross_entropy(backend, logits, target, ignore_index, reduction):
                          f"target must be ({logits.shape[0]},), one class index per row")
     if target.device != logits.device:
         raise ValueError(f"{op}: logits is on {logits.device} but target is on {target.device}")
+    if logits.shape[1] == 0:
+        raise ValueError(f"{op}: logits is {shape(logits)}; it needs at least one class (V >= 1)")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
@@ -361,6 +363,8 @@ def check_attention(backend, q, k, v, causal, scale):
     if Bk != B or Dk != D:
         raise ValueError(f"{op}: q is {shape(q)} and k is {shape(k)}; batch and head dim must match "
                          "(q (B, H, Tq, D), k and v (B, Hkv, Tk, D))")
+    if D == 0:
+        raise ValueError(f"{op}: q is {shape(q)}; the head dim D must be at least 1")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"{op}: q has {H} heads and k, v have {Hkv}; H must be a multiple of Hkv")
     if not isinstance(causal, bool):

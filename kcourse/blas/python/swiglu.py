@@ -1,0 +1,24 @@
+"""swiglu: ``y = silu(gate) * up``, silu(g) = g sigmoid(g).
+
+    dgate = dy * up * silu'(gate),   silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g)
+    dup   = dy * silu(gate)
+
+Cache: ``(gate, up)``.
+"""
+import torch
+
+from ._acc import acc
+from .silu import silu_slope
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor):
+    g = acc(gate)
+    return (g * torch.sigmoid(g) * acc(up)).to(gate.dtype), (gate, up)
+
+
+def swiglu_backward(dout: torch.Tensor, cache, needs):
+    gate, up = cache
+    g, dy = acc(gate), acc(dout)
+    dgate = (dy * acc(up) * silu_slope(g)).to(gate.dtype) if needs[0] else None
+    dup = (dy * g * torch.sigmoid(g)).to(up.dtype) if needs[1] else None
+    return dgate, dup

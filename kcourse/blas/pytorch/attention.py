@@ -1,0 +1,31 @@
+"""attention: ``out = softmax(scale q k^T [+ causal mask]) v`` with ``F.scaled_dot_product_attention``.
+
+q (B, H, Tq, D), k and v (B, Hkv, Tk, D); ``enable_gqa=True`` lets query head h read kv head
+h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij dP_ij:
+
+    dV = P^T dO     dP = dO v^T     dS = P * (dP - delta)     dQ = scale dS k     dK = scale dS^T q
+
+``attention_backward`` does not spell that out: it recomputes the forward under
+``torch.enable_grad()`` and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
+q, k, v, so the forward pays nothing for it; the backward pays a second forward).
+"""
+import torch
+import torch.nn.functional as F
+
+
+def _sdpa(q, k, v, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    return _sdpa(q, k, v, causal, scale), (q, k, v)
+
+
+def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
+    inputs = [t.detach().requires_grad_(n) for t, n in zip(cache, needs)]
+    wanted = [t for t in inputs if t.requires_grad]
+    if not wanted:
+        return None, None, None
+    with torch.enable_grad():
+        grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, dout))
+    return tuple(next(grads) if n else None for n in needs)

@@ -1,0 +1,19 @@
+"""gelu: ``F.gelu`` forward, ``aten.gelu_backward`` (the kernel PyTorch's own autograd runs) backward.
+
+    exact:  y = x Phi(x)                      dy/dx = Phi(x) + x phi(x)
+    tanh:   y = 0.5 x (1 + tanh u),  u = sqrt(2/pi) (x + 0.044715 x^3)
+            dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+
+PyTorch computes float16/bfloat16 in float32 and rounds once. Cache: ``(x,)``.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def gelu(x: torch.Tensor, approximate: str):
+    return F.gelu(x, approximate=approximate), (x,)
+
+
+def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str):
+    (x,) = cache
+    return (torch.ops.aten.gelu_backward(dout, x, approximate=approximate) if needs[0] else None,)

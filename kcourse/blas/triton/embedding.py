@@ -1,0 +1,89 @@
+"""embedding: out[n] = weight[indices[n]] for weight (V, D), out (*indices.shape, D).
+
+Forward: a gather. One program per BLOCK_N tokens copies their rows of weight (any strides) into
+the contiguous output, BLOCK_D columns at a time. An index outside [0, V) is never dereferenced:
+its output row is NaN (PyTorch raises instead; a kernel cannot raise without a host sync).
+Bytes: N * D * itemsize read and written, plus the N indices. No FLOPs.
+
+Backward: dweight[v] = sum of dout[n] over the n with indices[n] == v. Each program adds its
+tokens' rows of dout into a float32 (V, D) accumulator with ``tl.atomic_add``, which is then
+rounded once to weight's dtype. Repeated indices meet in the same accumulator row, so the order
+of their float32 additions (and the last bits of the result) can differ between runs: the
+backward is not bitwise deterministic. Tokens with an out-of-range index add nothing.
+Bytes: N * D * itemsize read, plus V * D * 4 zeroed, accumulated, and rounded (the float32
+accumulator is the weight's size in float32: the memory cost of this choice).
+
+The indices are flattened with ``reshape(-1)`` and read through their stride: a copy only when an
+index tensor of several dims cannot be viewed as 1-D (N integers, small next to the rows).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import block_indices
+
+NUM_WARPS = 4
+
+
+@triton.jit
+def embedding_kernel(idx_ptr, w_ptr, out_ptr, N, V, D, stride_idx, stride_wv, stride_wd,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # idx: (N,) int32/int64, any stride; w: (V, D) any strides; out: (N, D) contiguous
+    rows = block_indices(BLOCK_N)  # (BLOCK_N,) int64 token numbers
+    row_mask = rows < N
+    idx = tl.load(idx_ptr + rows * stride_idx, mask=row_mask, other=0).to(tl.int64)  # (BLOCK_N,)
+    valid = (idx >= 0) & (idx < V)
+    src = w_ptr + idx[:, None] * stride_wv  # (BLOCK_N, 1)
+    dst = out_ptr + rows[:, None] * D
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D).to(tl.int64)  # (BLOCK_D,)
+        mask = row_mask[:, None] & (cols < D)[None, :]  # (BLOCK_N, BLOCK_D)
+        w = tl.load(src + cols[None, :] * stride_wd, mask=mask & valid[:, None], other=0.0).to(tl.float32)
+        w = tl.where(valid[:, None], w, float("nan"))  # float32 holds every half value exactly
+        tl.store(dst + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def embedding_backward_kernel(idx_ptr, dout_ptr, acc_ptr, N, V, D, stride_idx,
+                              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # idx: (N,), any stride; dout: (N, D) contiguous; acc: (V, D) float32, contiguous, zeroed
+    rows = block_indices(BLOCK_N)  # (BLOCK_N,) int64
+    idx = tl.load(idx_ptr + rows * stride_idx, mask=rows < N, other=-1).to(tl.int64)
+    valid = (idx >= 0) & (idx < V)  # false for the rows past N too
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D).to(tl.int64)
+        mask = valid[:, None] & (cols < D)[None, :]  # (BLOCK_N, BLOCK_D)
+        dy = tl.load(dout_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.atomic_add(acc_ptr + idx[:, None] * D + cols[None, :], dy, mask=mask, sem="relaxed")
+
+
+def _tiling(N: int, D: int):
+    """The grid and launch options: tiles of ~4096 elements, up to 1024 columns a step, the rest tokens."""
+    block_d = min(triton.next_power_of_2(D), 1024)
+    block_n = max(1, 4096 // block_d)
+    return (triton.cdiv(N, block_n),), {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": NUM_WARPS}
+
+
+def embedding(indices, weight):
+    V, D = weight.shape
+    idx = indices.reshape(-1)  # (N,)
+    out = torch.empty((idx.numel(), D), dtype=weight.dtype, device=weight.device)
+    if out.numel():
+        grid, meta = _tiling(idx.numel(), D)
+        embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta)
+    return out.reshape(*indices.shape, D), (indices, weight)
+
+
+def embedding_backward(dout, cache, needs):
+    indices, weight = cache
+    if not needs[1]:
+        return None, None
+    V, D = weight.shape
+    idx = indices.reshape(-1)
+    acc = torch.zeros((V, D), dtype=torch.float32, device=weight.device)  # dweight in float32
+    if idx.numel() and D:
+        grid, meta = _tiling(idx.numel(), D)
+        embedding_backward_kernel[grid](idx, dout, acc, idx.numel(), V, D, idx.stride(0), **meta)
+    return None, acc.to(weight.dtype)

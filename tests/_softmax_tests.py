@@ -1,0 +1,173 @@
+"""The tests of softmax and log_softmax, one set for both: ``test_softmax.py`` and
+``test_log_softmax.py`` import them and define the fixture ``op`` (the op's name, which is also
+the name of its ``torch.nn.functional`` reference)."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kcourse import blas
+from kcourse.backend import backward_kernel, resolve
+from kcourse.blas.triton import _softmax
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_dtype
+
+# (shape, dim, layout): 1-D rows, rows of a matrix, every dim of a 3-D tensor; each in every
+# layout of _util.randn ("transposed" needs two dims)
+CASES = [(shape, dim, layout)
+         for shape, dim in [((1,), 0), ((7,), 0), ((4097,), -1), ((1000, 7), -1), ((7, 1000), 0),
+                            ((4, 7, 13), 0), ((4, 7, 13), 1), ((4, 7, 13), -1)]
+         for layout in ("contiguous", "transposed", "strided") if len(shape) > 1 or layout != "transposed"]
+
+
+def run(op, backend, x, dim, dy):
+    """``(y, dx)``: the op on ``backend`` and its gradient for the seed ``dy``, through autograd."""
+    x = x.detach().requires_grad_(True)
+    y = getattr(blas, op)(x, dim, backend=backend)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    return y.detach(), dx
+
+
+def check(op, backend, x, dim, dy):
+    """The forward against the python reference and ``torch.nn.functional``; the gradient against
+    the python reference's backward and torch's own (in float64), both at this backend's output y.
+
+    The backward is a function of (y, dy): evaluating the references at the same y keeps the
+    forward's rounding (checked on its own) out of the gradient comparison. Through
+    ``exp(y) * sum(dy)`` one ulp of a float16 y would move log_softmax's dx by up to ulp(y) |sum dy|.
+    """
+    y, dx = run(op, backend, x, dim, dy)
+    assert_close(y, run(op, "python", x, dim, dy)[0])
+    assert_close(y, getattr(F, op)(x, dim))
+    n = x.shape[dim]
+    assert_close(dx, backward_kernel("python", op)(dy, (y,), (True,), dim=dim % x.dim())[0], k=n)
+    assert_close(dx, torch_grad(op, dy, y, dim), k=n)
+    return y, dx
+
+
+def torch_grad(op, dy, y, dim):
+    """The gradient at the output ``y`` by the backward that F.<op>'s autograd runs, in float64."""
+    backward = torch._softmax_backward_data if op == "softmax" else torch._log_softmax_backward_data
+    return backward(dy.double(), y.double(), dim, torch.float64).to(y.dtype)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(op, dtype, dim):
+    x, dy = 3 * randn(5, 6, 33, dtype=dtype), randn(5, 6, 33, dtype=dtype)
+    y, dx = run(op, "python", x, dim, dy)
+    assert_close(y, getattr(F, op)(x.double(), dim).to(dtype))
+    assert_close(dx, torch_grad(op, dy, y, dim), k=x.shape[dim])  # at the same (rounded) y: see check()
+
+
+@pytest.mark.parametrize("shape, dim, layout", CASES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_forward_and_gradient(op, backend, dtype, shape, dim, layout):
+    require_dtype(backend, dtype)
+    x, dy = 3 * randn(*shape, dtype=dtype, layout=layout), randn(*shape, dtype=dtype, layout=layout)
+    x0 = x.clone()
+    check(op, backend, x, dim, dy)
+    assert torch.equal(x, x0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_two_passes(op, dtype, monkeypatch):
+    # rows longer than the triton kernel keeps on chip: an online max and sum, then a second sweep.
+    # One real case past MAX_ONE_PASS, and smaller limits to cover ragged chunks in every layout.
+    n = _softmax.MAX_ONE_PASS + 27
+    check(op, "triton", 3 * randn(2, n, dtype=dtype), -1, randn(2, n, dtype=dtype))
+    monkeypatch.setattr(_softmax, "MAX_ONE_PASS", 16)
+    monkeypatch.setattr(_softmax, "CHUNK", 8)
+    for shape, dim, layout in [((3, 100), -1, "contiguous"), ((100, 3), 0, "transposed"), ((2, 3, 21), 2, "strided"),
+                               ((21, 2, 3), 0, "contiguous")]:
+        x, dy = 3 * randn(*shape, dtype=dtype, layout=layout), randn(*shape, dtype=dtype, layout=layout)
+        check(op, "triton", x, dim, dy)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_permuted_and_expanded(op, backend, dtype):
+    # a dense permuted 4-D view (the output keeps its layout) and a stride-0 broadcast row
+    x = randn(3, 4, 5, 6, dtype=dtype).permute(2, 0, 3, 1)
+    for dim in range(4):
+        y, _ = check(op, backend, x, dim, randn(5, 3, 6, 4, dtype=dtype))
+        if backend == "triton":
+            assert y.stride() == x.stride()
+    x = randn(1, 37, dtype=dtype).expand(5, 37)
+    for dim in (0, 1):
+        check(op, backend, x, dim, randn(5, 37, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extreme_logits(op, backend, dtype):
+    # +-1e4 logits: every exp is of a value <= 0 after the max is subtracted, so nothing overflows
+    x = randn(6, 300, dtype=dtype)
+    x[:, ::7] = 1e4
+    x[::2, 3::11] = -1e4
+    x[5] = -1e4  # a row where every logit is -1e4
+    for dim in (0, 1):
+        y, dx = check(op, backend, x, dim, randn(6, 300, dtype=dtype))
+        assert torch.isfinite(y).all() and torch.isfinite(dx).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter computes the NaN row in NumPy
+def test_all_inf_row_is_nan_like_torch(op, backend):
+    x = randn(3, 10)
+    x[1] = -torch.inf
+    y = getattr(blas, op)(x, -1, backend=backend)
+    expected = getattr(F, op)(x, -1)
+    assert y[1].isnan().all() and expected[1].isnan().all()
+    assert_close(y[[0, 2]], expected[[0, 2]])
+
+
+@pytest.mark.parametrize("shape, dim", [((0, 5), 1), ((3, 0), 1), ((3, 0), 0)])
+def test_empty(op, backend, shape, dim):
+    x = randn(*shape)
+    assert getattr(blas, op)(x, dim, backend=backend).shape == shape
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_gradcheck_float64(op, name):
+    x = randn(4, 5, 6, dtype=torch.float64).requires_grad_(True)
+    for dim in (0, 1, 2):
+        assert torch.autograd.gradcheck(lambda t: getattr(blas, op)(t, dim, backend=name), [x])
+
+
+def test_backward_skips_unneeded(op, backend):
+    y, cache = resolve(op, backend)[1](randn(3, 8), dim=1)
+    assert backward_kernel(backend, op)(randn(3, 8), cache, (False,), dim=1) == (None,)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dim", [((4096, 1024), -1), ((1024, 16384), -1), ((64, 131072), -1),
+                                        ((4, 16, 512, 512), -1), ((1024, 2048), 0)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large(op, backend, dtype, shape, dim):
+    check(op, backend, 3 * randn(*shape, dtype=dtype), dim, randn(*shape, dtype=dtype))
+
+
+def raises(exc, pattern, fn, *args, **kwargs):
+    """Call ``fn``; check the error and that no tensor argument changed."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    before = [t.clone() for t in tensors]
+    with pytest.raises(exc, match=pattern):
+        fn(*args, **kwargs)
+    assert all(torch.equal(t, t0) for t, t0 in zip(tensors, before))
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
+def test_validation(op, name):
+    f = getattr(blas, op)
+    raises(ValueError, re.escape(f"{op}: dim 2 is out of range for x of shape (3, 4)"), f, randn(3, 4), 2, backend=name)
+    raises(ValueError, re.escape(f"{op}: dim -3 is out of range for x of shape (3, 4)"), f, randn(3, 4), -3,
+           backend=name)
+    raises(ValueError, re.escape(f"{op}: dim 0 is out of range for x of shape ()"), f, randn(), 0, backend=name)
+    raises(TypeError, f"{op}: dim must be an int, got float", f, randn(3, 4), 1.0, backend=name)
+    raises(TypeError, f"{op}: x must be a floating-point tensor, got torch.int64", f,
+           torch.arange(4, device=DEVICE), 0, backend=name)
+    raises(TypeError, f"{op}: x must be a torch.Tensor, got list", f, [1.0, 2.0], 0, backend=name)
+
+
+def test_triton_has_no_float64(op):
+    raises(TypeError, re.escape(f"{op}: the triton backend does not support torch.float64 (x (3, 4)); "
+                                "it supports float32, float16, bfloat16"),
+           getattr(blas, op), randn(3, 4, dtype=torch.float64), -1, backend="triton")

@@ -1,0 +1,215 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kcourse
+from kcourse import blas
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_dtype
+
+# (B, H, Hkv, Tq, Tk, D): tiny, as the interpreter is slow, yet several tiles per row (the
+# interpreter's tiles are 16 and 32 long) with tails, grouped-query heads, Tq != Tk both ways, and
+# head dims that are and are not powers of two
+SHAPES = [
+    (1, 2, 2, 1, 1, 64),  # one token
+    (2, 1, 1, 70, 70, 64),  # T not a multiple of the tiles, B > 1
+    (1, 4, 2, 37, 37, 32),  # two query heads per kv head
+    (1, 4, 1, 33, 70, 16),  # one kv head for all; Tq < Tk
+    (1, 2, 1, 70, 19, 128),  # Tq > Tk
+    (1, 2, 2, 40, 23, 48),  # D not a power of two
+    (1, 2, 2, 17, 29, 80),
+]
+# The gradients go through two more roundings to the input dtype in the fused kernels (P before
+# dV = P^T dO, dS before dQ = dS k and dK = dS^T q), each feeding a sum: a looser atol than the output's.
+GRAD_K = 16
+
+
+def heads(B, H, T, D, dtype=torch.float32, layout="contiguous"):
+    """A (B, H, T, D) tensor; layout "bthd": a view of a (B, T, H, D) tensor, the layout a projection
+    produces; else a layout of _util.randn."""
+    if layout == "bthd":
+        return torch.randn(B, T, H, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    return randn(B, H, T, D, dtype=dtype, layout=layout)
+
+
+def qkv(B, H, Hkv, Tq, Tk, D, dtype=torch.float32, layout="contiguous"):
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D)."""
+    return heads(B, H, Tq, D, dtype, layout), heads(B, Hkv, Tk, D, dtype, layout), heads(B, Hkv, Tk, D, dtype, layout)
+
+
+def forward_backward(attend, q, k, v, dout):
+    """``attend(q, k, v)`` and its gradients with respect to q, k, v for the incoming ``dout``."""
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = attend(*inputs)
+    return out.detach(), torch.autograd.grad(out, inputs, dout)
+
+
+def kcourse_attention(backend, **params):
+    return lambda q, k, v: blas.attention(q, k, v, backend=backend, **params)
+
+
+def sdpa(q, k, v, dout, causal=False, scale=None):
+    """``F.scaled_dot_product_attention`` in float64, output and gradients rounded to q's dtype."""
+    attend = lambda *t: F.scaled_dot_product_attention(*t, is_causal=causal, scale=scale, enable_gqa=True)
+    out, grads = forward_backward(attend, q.double(), k.double(), v.double(), dout.double())
+    return out.to(q.dtype), [g.to(q.dtype) for g in grads]
+
+
+def assert_matches(actual, expected):
+    (out, grads), (out_e, grads_e) = actual, expected
+    assert_close(out, out_e)
+    for g, g_e in zip(grads, grads_e):
+        assert_close(g, g_e, k=GRAD_K)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype, causal):
+    q, k, v = qkv(2, 4, 2, 33, 40, 24, dtype)
+    dout = randn(2, 4, 33, 24, dtype=dtype)
+    result = forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout)
+    assert_matches(result, sdpa(q, k, v, dout, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_attention(backend, dtype, shape, causal):
+    require_dtype(backend, dtype)
+    B, H, Hkv, Tq, Tk, D = shape
+    q, k, v = qkv(*shape, dtype)
+    dout = randn(B, H, Tq, D, dtype=dtype)
+    inputs = [t.clone() for t in (q, k, v)]
+    result = forward_backward(kcourse_attention(backend, causal=causal), q, k, v, dout)
+    assert_matches(result, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))
+    assert_matches(result, sdpa(q, k, v, dout, causal))
+    assert all(torch.equal(t, t0) for t, t0 in zip((q, k, v), inputs))
+
+
+@pytest.mark.parametrize("layout", ["bthd", "transposed", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_layouts(backend, dtype, layout):
+    q, k, v = qkv(1, 4, 2, 37, 37, 32, dtype, layout)
+    assert not q.is_contiguous()
+    dout = heads(1, 4, 37, 32, dtype, layout)  # autograd hands the kernels a contiguous copy
+    expected = forward_backward(kcourse_attention("python", causal=True), q, k, v, dout)
+    assert_matches(forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_scale(backend, causal):
+    q, k, v = qkv(1, 2, 1, 40, 33, 32)
+    dout = randn(1, 2, 40, 32)
+    result = forward_backward(kcourse_attention(backend, causal=causal, scale=0.3), q, k, v, dout)
+    assert_matches(result, forward_backward(kcourse_attention("python", causal=causal, scale=0.3), q, k, v, dout))
+    assert_matches(result, sdpa(q, k, v, dout, causal, scale=0.3))
+
+
+@pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True), (False, True, True)])
+def test_attention_some_gradients(backend, wanted):
+    q, k, v = qkv(1, 4, 2, 37, 21, 16)
+    dout = randn(1, 4, 37, 16)
+    _, expected = sdpa(q, k, v, dout, causal=True)
+    inputs = [t.requires_grad_(w) for t, w in zip((q, k, v), wanted)]
+    blas.attention(*inputs, causal=True, backend=backend).backward(dout)
+    for t, w, g in zip(inputs, wanted, expected):
+        if w:
+            assert_close(t.grad, g, k=GRAD_K)
+        else:
+            assert t.grad is None
+
+
+# NumPy (the interpreter) warns where the dK, dV kernel computes the rows of padded keys, which
+# overflow here and are dropped at the store
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2", "ignore:invalid value encountered in matmul")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_extreme_scores(backend, dtype, causal):
+    """Every query points away from every key: scores near -140, so exp(-lse) overflows float32 (a
+    kernel that lets padded keys into its sums turns them into inf or NaN), and the softmax is
+    peaked. Every dtype must stay finite; the values are compared in float32, where the error is the
+    scores' own rounding: it grows with their size (140 here, ~1 elsewhere) and so does atol. (In
+    half precision the rounding of P and dS to the input dtype, fed sums of 5x larger q and k, would
+    need a tolerance too loose to mean much; the kernels run the same float32 math for every dtype.)"""
+    D = 32
+    u = randn(D)
+    q, k, v = qkv(1, 2, 1, 37, 37, D)
+    q, k = (5 * u + 0.5 * q).to(dtype), (-5 * u + 0.5 * k).to(dtype)
+    v, dout = v.to(dtype), randn(1, 2, 37, D, dtype=dtype)
+    out, grads = forward_backward(kcourse_attention(backend, causal=causal), q, k, v, dout)
+    assert all(t.isfinite().all() for t in (out, *grads))
+    if dtype == torch.float32:
+        out_e, grads_e = forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout)
+        assert_close(out, out_e, k=140 ** 2)
+        for g, g_e in zip(grads, grads_e):
+            assert_close(g, g_e, k=140 ** 2 * GRAD_K)
+
+
+@pytest.mark.parametrize("Tq, Tk", [(5, 0), (0, 5)])
+def test_attention_empty(backend, Tq, Tk):
+    """No keys: each query attends to nothing, out = 0 (as scaled_dot_product_attention); no queries:
+    an empty out. Every gradient is zero."""
+    q, k, v = qkv(1, 2, 1, Tq, Tk, 16)
+    dout = randn(1, 2, Tq, 16)
+    assert_matches(forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout),
+                   sdpa(q, k, v, dout, causal=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend_name", ["python", "pytorch"])
+def test_gradcheck(backend_name, causal):
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 4, 5, 3, torch.float64))
+    assert torch.autograd.gradcheck(lambda *t: blas.attention(*t, causal=causal, backend=backend_name), (q, k, v))
+
+
+def test_triton_head_dim_limit():
+    if not kcourse.backends()["triton"].available:
+        pytest.skip("triton backend unavailable here")
+    q, k, v = qkv(1, 2, 1, 3, 3, 160)
+    with pytest.raises(ValueError, match=r"attention: the triton kernels support head dims D from 1 to 128, "
+                                         r"got D = 160 \(q \(1, 2, 3, 160\)\)"):
+        blas.attention(q, k, v, backend="triton")
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(q=torch.zeros(2, 3, 4)), ValueError, r"attention: q must be 4-D, got 3-D of shape \(2, 3, 4\)"),
+    (dict(v=torch.zeros(1, 2, 6, 8)), ValueError,
+     r"attention: k is \(1, 2, 5, 8\) and v is \(1, 2, 6, 8\); they must have the same shape"),
+    (dict(k=torch.zeros(1, 2, 5, 4), v=torch.zeros(1, 2, 5, 4)), ValueError,
+     r"attention: q is \(1, 4, 3, 8\) and k is \(1, 2, 5, 4\); batch and head dim must match"),
+    (dict(k=torch.zeros(1, 3, 5, 8), v=torch.zeros(1, 3, 5, 8)), ValueError,
+     r"attention: q has 4 heads and k, v have 3; H must be a multiple of Hkv"),
+    (dict(v=torch.zeros(1, 2, 5, 8, dtype=torch.float16)), TypeError,
+     r"attention: q is torch.float32 but v is torch.float16; all tensors must share one dtype"),
+    (dict(k=torch.zeros(1, 2, 5, 8, dtype=torch.int64)), TypeError,
+     r"attention: k must be a floating-point tensor, got torch.int64"),
+    (dict(causal=1), TypeError, r"attention: causal must be a bool, got int"),
+    (dict(scale="0.5"), TypeError, r"attention: scale must be a real number, got str"),
+])
+def test_validation(bad, error, message):
+    args = dict(q=torch.zeros(1, 4, 3, 8), k=torch.zeros(1, 2, 5, 8), v=torch.zeros(1, 2, 5, 8), causal=False, scale=None)
+    args.update(bad)
+    args = {n: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for n, t in args.items()}
+    before = {n: t.clone() for n, t in args.items() if isinstance(t, torch.Tensor)}
+    for name in ("python", "pytorch", "triton"):
+        if not kcourse.backends()[name].available:
+            continue
+        with pytest.raises(error, match=message):
+            blas.attention(**args, backend=name)
+    assert all(torch.equal(args[n], t) for n, t in before.items())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape, dtype", [
+    ((2, 8, 8, 1024, 1024, 128), torch.bfloat16),
+    ((2, 8, 8, 4097, 4097, 128), torch.bfloat16),
+    ((2, 8, 2, 4097, 4097, 128), torch.bfloat16),  # grouped-query
+    ((2, 8, 8, 1000, 3000, 64), torch.float16),  # Tq != Tk
+    ((2, 8, 4, 1024, 1024, 80), torch.float32),  # padded head dim, float32 tiles
+])
+def test_attention_large(backend, dtype, shape, causal):
+    B, H, Hkv, Tq, Tk, D = shape
+    q, k, v = qkv(*shape, dtype, layout="bthd")
+    dout = randn(B, H, Tq, D, dtype=dtype)
+    result = forward_backward(kcourse_attention(backend, causal=causal), q, k, v, dout)
+    assert_matches(result, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))

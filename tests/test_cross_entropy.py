@@ -1,0 +1,207 @@
+"""cross_entropy: every backend against the python reference and F.cross_entropy (forward and
+gradient), ignored rows, int32 targets, out-of-range targets (NaN), extreme logits, validation."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kcourse import blas
+from kcourse.backend import backward_kernel, resolve
+from _util import ALL_DTYPES, DEVICE, DTYPES, TOL, assert_close, randn, require_dtype
+
+REDUCTIONS = ["mean", "sum", "none"]
+# (N, V) and the logits' layout: one class, odd sizes, a vocabulary wider than one triton chunk
+CASES = [((1, 1), "contiguous"), ((7, 13), "contiguous"), ((7, 13), "transposed"), ((33, 1000), "strided"),
+         ((3, 5000), "contiguous")]
+
+
+def targets(N, V, ignore_index=-100, dtype=torch.int64):
+    """Random class indices, every third row ignored."""
+    t = torch.randint(0, V, (N,), device=DEVICE)
+    t[1::3] = ignore_index
+    return t.to(dtype)
+
+
+def run(backend, logits, target, dout=None, **kw):
+    """``(loss, dlogits, dout)`` on ``backend`` (``F.cross_entropy`` for a callable); ``dout``, the
+    seed of the backward, is drawn at random unless given."""
+    x = logits.detach().requires_grad_(True)
+    f = backend if callable(backend) else lambda *a, **k: blas.cross_entropy(*a, **k, backend=backend)
+    loss = f(x, target, **kw)
+    dout = torch.randn_like(loss) if dout is None else dout
+    (dx,) = torch.autograd.grad(loss, x, dout)
+    return loss.detach(), dx, dout
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype, reduction):
+    logits, target = 3 * randn(33, 37, dtype=dtype), targets(33, 37)
+    loss, dx, dout = run("python", logits, target, reduction=reduction)
+    loss64, dx64, _ = run(F.cross_entropy, logits.double(), target, dout.double(), reduction=reduction)
+    assert_close(loss, loss64.to(dtype), k=33 if reduction == "sum" else 1)
+    assert_close(dx, dx64.to(dtype))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape, layout", CASES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_cross_entropy(backend, dtype, shape, layout, reduction):
+    require_dtype(backend, dtype)
+    N, V = shape
+    logits, target = 3 * randn(N, V, dtype=dtype, layout=layout), targets(N, V)
+    logits0 = logits.clone()
+    k = N if reduction == "sum" else 1
+    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+    assert_close(loss, loss_ref, k=k)
+    assert_close(dx, dx_ref)
+    # torch.nn.functional on the float32 upcast, rounded once: the contract of every backend
+    acc = torch.promote_types(dtype, torch.float32)
+    loss_t, dx_t, _ = run(F.cross_entropy, logits.to(acc), target, dout.to(acc), reduction=reduction)
+    assert_close(loss, loss_t.to(dtype), k=k)
+    assert_close(dx, dx_t.to(dtype))
+    assert torch.equal(logits, logits0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int32_and_strided_targets(backend, dtype):
+    logits = randn(8, 50, dtype=dtype)
+    target = targets(16, 50)[::2]
+    for t in (target, target.to(torch.int32)):
+        for reduction in REDUCTIONS:
+            loss, dx, dout = run(backend, logits, t, reduction=reduction)
+            loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+            assert_close(loss, loss_ref, k=8 if reduction == "sum" else 1)
+            assert_close(dx, dx_ref)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_ignored_rows(backend, reduction, ignore_index):
+    logits = randn(9, 11)
+    target = targets(9, 11, ignore_index)
+    loss, dx, dout = run(backend, logits, target, reduction=reduction, ignore_index=ignore_index)
+    loss_t, dx_t, _ = run(F.cross_entropy, logits, target, dout, reduction=reduction, ignore_index=ignore_index)
+    assert_close(loss, loss_t, k=9)
+    assert_close(dx, dx_t)
+    ignored = target == ignore_index
+    assert torch.equal(dx[ignored], torch.zeros_like(dx[ignored]))
+    if reduction == "none":
+        assert torch.equal(loss[ignored], torch.zeros_like(loss[ignored]))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero")  # interpreter NumPy 0/0
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_every_row_ignored(backend, reduction):
+    # mean over no rows is 0/0 = NaN, as in torch; sum is 0; every gradient is 0
+    logits, target = randn(5, 8), torch.full((5,), -100, device=DEVICE)
+    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    loss_t, dx_t, _ = run(F.cross_entropy, logits, target, dout, reduction=reduction)
+    torch.testing.assert_close(loss, loss_t, equal_nan=True)
+    assert (reduction == "mean") == bool(loss.isnan().any())
+    assert torch.equal(dx, torch.zeros_like(dx)) and torch.equal(dx_t, dx)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the NaN rows, computed in NumPy by the interpreter
+def test_target_out_of_range_is_nan(backend):
+    # torch raises; kcourse never reads past the row and returns NaN for that row (docs/cross_entropy.md)
+    logits, target = randn(4, 6), torch.tensor([1, 6, -1, 2], device=DEVICE)
+    loss, dx, _ = run(backend, logits, target, reduction="none")
+    assert loss[1:3].isnan().all() and dx[1:3].isnan().all()
+    ok = torch.tensor([0, 3], device=DEVICE)
+    loss_t, dx_t, _ = run(F.cross_entropy, logits[ok], target[ok], reduction="none", dout=torch.ones(2, device=DEVICE))
+    loss, dx, _ = run(backend, logits, target, reduction="none", dout=torch.ones(4, device=DEVICE))
+    assert_close(loss[ok], loss_t)
+    assert_close(dx[ok], dx_t)
+    assert blas.cross_entropy(logits, target, backend=backend).isnan()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extreme_logits(backend, dtype):
+    # +-1e4 logits: a target on -1e4 (loss 2e4), on 1e4 (small losses), on N(0, 1) (1e4), and a
+    # row of equal logits (log 300); no overflow, gradients finite (the sum stays below float16's max).
+    # The float32 lse near 1e4 is rounded to its ulp, 1e-3: the losses and the gradients
+    # exp(x - lse) of every backend carry that error, so float32 is compared to 2e-3.
+    logits = randn(6, 300, dtype=dtype)
+    logits[:, ::7] = 1e4
+    logits[:, 1::7] = -1e4
+    logits[5] = 1e4  # a row of equal logits: loss log(300)
+    target = torch.tensor([1, 7, 0, 14, 3, 4], device=DEVICE)
+    for reduction in REDUCTIONS:
+        loss, dx, dout = run(backend, logits, target, reduction=reduction)
+        assert torch.isfinite(loss).all() and torch.isfinite(dx).all()
+        loss_t, dx_t, _ = run(F.cross_entropy, logits.float(), target, dout.float(), reduction=reduction)
+        tol = max(TOL[dtype][0], 2e-3)
+        torch.testing.assert_close(loss, loss_t.to(dtype), rtol=tol, atol=tol)
+        torch.testing.assert_close(dx, dx_t.to(dtype), rtol=tol, atol=tol)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # interpreter NumPy 0/0
+def test_empty(backend):
+    logits, target = randn(0, 5), torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    assert blas.cross_entropy(logits, target, backend=backend).isnan()  # mean of nothing, as in torch
+    assert blas.cross_entropy(logits, target, reduction="sum", backend=backend) == 0
+    assert blas.cross_entropy(logits, target, reduction="none", backend=backend).shape == (0,)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_gradcheck_float64(name, reduction):
+    logits, target = randn(6, 7, dtype=torch.float64).requires_grad_(True), targets(6, 7)
+    assert torch.autograd.gradcheck(lambda x: blas.cross_entropy(x, target, reduction=reduction, backend=name),
+                                    [logits])
+
+
+def test_backward_skips_unneeded(backend):
+    logits, target = randn(3, 8), targets(3, 8)
+    loss, cache = resolve("cross_entropy", backend)[1](logits, target, ignore_index=-100, reduction="sum")
+    kernel = backward_kernel(backend, "cross_entropy")
+    assert kernel(torch.ones_like(loss), cache, (False, False), ignore_index=-100, reduction="sum") == (None, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(4096, 32768), (512, 131072), (8, 262144)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large(backend, dtype, shape, reduction):
+    N, V = shape
+    logits, target = 4 * randn(N, V, dtype=dtype), targets(N, V)
+    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+    assert_close(loss, loss_ref, k=N if reduction == "sum" else 1)
+    assert_close(dx, dx_ref)
+
+
+def raises(exc, pattern, *args, **kwargs):
+    """``blas.cross_entropy(*args, **kwargs)`` raises; no tensor argument changed."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and not a.is_meta]
+    before = [t.clone() for t in tensors]
+    with pytest.raises(exc, match=pattern):
+        blas.cross_entropy(*args, **kwargs)
+    assert all(torch.equal(t, t0) for t, t0 in zip(tensors, before))
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
+def test_validation(name):
+    x, t = randn(4, 5), targets(4, 5)
+    raises(ValueError, re.escape("cross_entropy: logits must be 2-D, got 1-D of shape (5,)"), randn(5), t, backend=name)
+    raises(TypeError, "cross_entropy: logits must be a floating-point tensor, got torch.int64",
+           torch.ones(4, 5, dtype=torch.int64, device=DEVICE), t, backend=name)
+    raises(TypeError, "cross_entropy: target must be an int64 or int32 tensor of class indices, got torch.float32",
+           x, t.float(), backend=name)
+    raises(TypeError, "cross_entropy: target must be an int64 or int32 tensor of class indices, got list",
+           x, [0, 1, 2, 3], backend=name)
+    raises(ValueError, re.escape("cross_entropy: logits is (4, 5) and target is (3,); target must be (4,), "
+                                 "one class index per row"), x, t[:3], backend=name)
+    raises(ValueError, "cross_entropy: reduction must be 'mean', 'sum' or 'none', got 'avg'", x, t, reduction="avg",
+           backend=name)
+    raises(TypeError, "cross_entropy: ignore_index must be an int, got float", x, t, ignore_index=1.5, backend=name)
+    raises(ValueError, "cross_entropy: logits is on .* but target is on meta", x, t.to("meta"), backend=name)
+
+
+def test_triton_has_no_float64():
+    raises(TypeError, re.escape("cross_entropy: the triton backend does not support torch.float64 (logits (4, 5)); "
+                                "it supports float32, float16, bfloat16"),
+           randn(4, 5, dtype=torch.float64), targets(4, 5), backend="triton")

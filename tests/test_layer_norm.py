@@ -1,0 +1,227 @@
+"""layer_norm: forward and gradients (x, weight, bias) of every backend against the python reference
+and torch.nn.functional.layer_norm, the reference against float64 torch."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kcourse
+from kcourse import blas
+from kcourse.backend import backward_kernel, resolve
+from _util import ALL_DTYPES, DTYPES, assert_close, randn, require_dtype
+
+SHAPES = [(1, 64), (7, 33), (3, 5, 1000), (2, 4097)]
+AFFINE = [(True, True), (True, False), (False, True), (False, False)]  # (weight given, bias given)
+
+
+def inputs(shape, dtype=torch.float32, affine=(True, True), layout="contiguous"):
+    """x, weight or None, bias or None, and the incoming gradient dy."""
+    d = shape[-1]
+    weight = randn(d, dtype=dtype) if affine[0] else None
+    bias = randn(d, dtype=dtype) if affine[1] else None
+    return randn(*shape, dtype=dtype, layout=layout), weight, bias, randn(*shape, dtype=dtype)
+
+
+def run(fn, x, weight, bias, dy):
+    """``[y, dx, dweight, dbias]`` of ``y = fn(x, weight, bias)`` pulled back from dy (None for a missing input)."""
+    leaves = [t if t is None else t.detach().requires_grad_() for t in (x, weight, bias)]
+    y = fn(*leaves)
+    grads = iter(torch.autograd.grad(y, [t for t in leaves if t is not None], dy))
+    return [y.detach()] + [None if t is None else next(grads) for t in leaves]
+
+
+def kcourse_ln(backend, eps=1e-5):
+    return lambda x, w, b: blas.layer_norm(x, w, b, eps, backend=backend)
+
+
+def torch_ln(eps=1e-5, dtype=torch.float64):
+    """F.layer_norm computed in ``dtype`` (float64: the truth) and rounded back to the inputs' dtype."""
+    def fn(x, w, b):
+        cast = (lambda t: t if t is None else t.to(dtype))
+        return F.layer_norm(cast(x), x.shape[-1:], cast(w), cast(b), eps).to(x.dtype)
+    return fn
+
+
+def assert_results(actual, expected, rows):
+    """y and dx elementwise, dweight and dbias as sums over ``rows`` rows."""
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert (a is None) == (e is None), i
+        if a is not None:
+            assert_close(a, e, k=rows if i >= 2 else 1)
+
+
+def check(backend, x, weight, bias, dy, eps=1e-5):
+    """backend vs the python reference and vs F.layer_norm on the inputs upcast to float32 (float64 stays):
+    torch's own CPU kernels for half types round dweight and dbias through the half type."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    got = run(kcourse_ln(backend, eps), x, weight, bias, dy)
+    assert_results(got, run(kcourse_ln("python", eps), x, weight, bias, dy), rows)
+    upcast = torch.promote_types(x.dtype, torch.float32)
+    assert_results(got, run(torch_ln(eps, upcast), x, weight, bias, dy), rows)
+    return got
+
+
+@pytest.mark.parametrize("affine", [(True, True), (False, False)])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_python_reference(dtype, affine):
+    x, weight, bias, dy = inputs((5, 300), dtype, affine)
+    truth = run(torch_ln(), x, weight, bias, dy)
+    assert_results(run(kcourse_ln("python"), x, weight, bias, dy), truth, rows=5)
+    cache = resolve("layer_norm", "python")[1](x, weight, bias, eps=1e-5)[1]  # statistics in the accumulation dtype
+    assert cache[2].dtype == cache[3].dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_layer_norm(backend, dtype, shape):
+    require_dtype(backend, dtype)
+    x, weight, bias, dy = inputs(shape, dtype)
+    before = [t.clone() for t in (x, weight, bias, dy)]
+    y = check(backend, x, weight, bias, dy)[0]
+    assert y.dtype == dtype and y.shape == x.shape
+    assert all(torch.equal(t, t0) for t, t0 in zip((x, weight, bias, dy), before))
+
+
+@pytest.mark.parametrize("affine", AFFINE)
+def test_weight_bias_none(backend, affine):
+    check(backend, *inputs((7, 33), affine=affine))
+
+
+@pytest.mark.parametrize("shape", [(7, 33), (3, 5, 100)])
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous(backend, dtype, layout, shape):
+    x, _, _, dy = inputs(shape, dtype, layout=layout)
+    assert x.stride(-1) != 1
+    weight, bias = randn(shape[-1], dtype=dtype, layout="strided"), randn(shape[-1], dtype=dtype)
+    check(backend, x, weight, bias, dy)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.1, 10.0])
+def test_eps(backend, eps):
+    x, weight, bias, dy = inputs((7, 33))
+    check(backend, 0.1 * x, weight, bias, dy, eps)  # var ~ 0.01: eps matters
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_magnitude(backend, dtype):
+    x, weight, bias, dy = inputs((7, 1000), dtype)
+    x = (x.float() * 1e3 + 1e3).to(dtype)
+    got = check(backend, x, weight, bias, dy)
+    assert_results(got, run(torch_ln(), x, weight, bias, dy), rows=7)
+
+
+def test_large_offset(backend):
+    check_large_offset(backend, (7, 1000))
+
+
+def check_large_offset(backend, shape):
+    # mean 1e4, std 1: float32 rounds the mean to ~1e-3, so results agree with float64 to ~1e-3; a
+    # one-pass variance (mean of squares minus squared mean, ~1e8 each) would be off by O(1)
+    x, weight, bias, dy = inputs(shape)
+    got = run(kcourse_ln(backend), x + 1e4, weight, bias, dy)
+    for a, e in zip(got, run(torch_ln(), x + 1e4, weight, bias, dy)):
+        torch.testing.assert_close(a, e, rtol=1e-3, atol=2e-2)
+
+
+def test_one_row_and_empty(backend):
+    check(backend, *inputs((100,)))  # x 1-D: one row
+    x, weight, bias, dy = inputs((0, 33))
+    y, dx, dweight, dbias = run(kcourse_ln(backend), x, weight, bias, dy)
+    assert y.shape == dx.shape == (0, 33)
+    assert torch.equal(dweight, torch.zeros_like(weight)) and torch.equal(dbias, torch.zeros_like(bias))
+
+
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),
+                                   (False, True, True)])
+def test_backward_needs(backend, needs):
+    # the backward kernel computes only what `needs` asks for and returns None for the rest
+    x, weight, bias, dy = inputs((7, 33))
+    cache = resolve("layer_norm", backend)[1](x, weight, bias, eps=1e-5)[1]
+    grads = backward_kernel(backend, "layer_norm")(dy, cache, needs, eps=1e-5)
+    expected = run(kcourse_ln("python"), x, weight, bias, dy)[1:]
+    for need, g, e in zip(needs, grads, expected):
+        if need:
+            assert_close(g, e, k=7)
+        else:
+            assert g is None
+
+
+def test_deterministic(backend):
+    x, weight, bias, dy = inputs((30, 70))
+    first, second = run(kcourse_ln(backend), x, weight, bias, dy), run(kcourse_ln(backend), x, weight, bias, dy)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.fixture
+def triton_chunks(monkeypatch):
+    """The triton kernels with tiny blocks, so that rows of a few hundred columns take the chunked path."""
+    if not kcourse.backends()["triton"].available:
+        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
+    from kcourse.blas.triton import _norm
+
+    monkeypatch.setattr(_norm, "ON_CHIP_FORWARD", 256)
+    monkeypatch.setattr(_norm, "ON_CHIP_BACKWARD", 128)
+    monkeypatch.setattr(_norm, "CHUNK_D", 128)
+
+
+@pytest.mark.parametrize("affine", [(True, True), (False, False)])
+@pytest.mark.parametrize("shape", [(9, 1000), (3, 200)])  # 200: one block forward, chunked backward
+def test_triton_chunked_rows(triton_chunks, shape, affine):
+    x, weight, bias, dy = inputs(shape, affine=affine)
+    check("triton", x * 3 + 3, weight, bias, dy)
+    check_large_offset("triton", shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_long_rows(dtype):
+    # longer than the forward holds on chip (16384) and than the backward does (8192)
+    if not kcourse.backends()["triton"].available:
+        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
+    check("triton", *inputs((2, 20000), dtype))
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_gradcheck_float64(name):
+    x, weight, bias, _ = inputs((3, 7), torch.float64)
+    leaves = [t.requires_grad_() for t in (x, weight, bias)]
+    assert torch.autograd.gradcheck(lambda x, w, b: blas.layer_norm(x, w, b, backend=name), leaves)
+    assert torch.autograd.gradcheck(lambda x: blas.layer_norm(x, eps=0.5, backend=name), leaves[:1])
+    x1, b1 = randn(6, dtype=torch.float64).requires_grad_(), randn(6, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, b: blas.layer_norm(x, None, b, backend=name), (x1, b1))
+
+
+def raises(exc, pattern, fn, *args, **kwargs):
+    """Call ``fn``, check the error and that no tensor argument changed."""
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    before = [t.clone() for t in tensors]
+    with pytest.raises(exc, match=pattern):
+        fn(*args, **kwargs)
+    assert all(torch.equal(t, t0) for t, t0 in zip(tensors, before)), "an argument changed before the error"
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
+def test_validation(name):
+    if not kcourse.backends()[name].available:
+        pytest.skip(f"{name} backend unavailable here: {kcourse.backends()[name].reason}")
+    x, weight, bias = randn(3, 4), randn(4), randn(4)
+    ln = lambda *args, **kw: blas.layer_norm(*args, backend=name, **kw)  # noqa: E731
+    raises(ValueError, re.escape("layer_norm: x is (3, 4) and weight is (5,); weight must be (4,), the size of x's "
+                                 "last dimension"), ln, x, randn(5), bias)
+    raises(ValueError, re.escape("layer_norm: bias must be 1-D, got 2-D of shape (1, 4)"), ln, x, weight, randn(1, 4))
+    raises(ValueError, "layer_norm: x must have at least one dimension, got a 0-d tensor", ln, randn(3)[0])
+    raises(ValueError, "layer_norm: eps must be positive, got 0.0", ln, x, weight, bias, eps=0)
+    raises(ValueError, "layer_norm: eps must be positive, got -1.0", ln, x, weight, bias, eps=-1.0)
+    raises(TypeError, "layer_norm: eps must be a real number, got str", ln, x, weight, bias, eps="1e-5")
+    raises(TypeError, "layer_norm: x is torch.float32 but bias is torch.float16", ln, x, weight, bias.half())
+    raises(TypeError, "layer_norm: x must be a floating-point tensor, got torch.int64", ln, x.long())
+    if name == "triton":
+        raises(TypeError, "layer_norm: the triton backend does not support torch.float64", ln, x.double())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 4096), (8192, 1024), (1000, 8193), (512, 16384), (64, 65536), (3, 131072)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_large(backend, dtype, shape):
+    check(backend, *inputs(shape, dtype))
