@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
-# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|bench|all];
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|bench|gpt|all];
 # each part takes up to 9 minutes, so run "tests" and "bench" as two device calls (10-minute limit each).
 # Writes $OUT/tests.log, $OUT/verified-run.json, $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
 set -uo pipefail
@@ -20,5 +20,11 @@ fi
 if [[ $what == bench || $what == all ]]; then
   timeout 540 python3 benchmarks/run.py --out /tmp/bench --backends pytorch,triton 2>&1 | tee "$out/bench.log" | tail -n 60
   tar -C /tmp -czf "$out/bench.tgz" bench
+fi
+if [[ $what == gpt ]]; then  # training throughput, kcourse (triton) vs torch.nn, both architectures
+  for arch in gpt2 llama; do
+    timeout 270 python3 benchmarks/gpt.py --out "/tmp/gpt-$arch" --arch "$arch" --backend triton 2>&1 | tee -a "$out/gpt.log"
+    cp "/tmp/gpt-$arch/gpt.json" "$out/gpt-$arch.json"
+  done
 fi
 exit $status
