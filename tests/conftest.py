@@ -36,6 +36,18 @@ def backend(request):
     return name
 
 
+@pytest.fixture
+def triton_chunks(monkeypatch):
+    """The triton norm kernels with tiny blocks, so rows of a few hundred columns take the chunked path."""
+    if not kcourse.backends()["triton"].available:
+        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
+    from kcourse.blas.triton import _norm
+
+    monkeypatch.setattr(_norm, "ON_CHIP_FORWARD", 256)
+    monkeypatch.setattr(_norm, "ON_CHIP_BACKWARD", 128)
+    monkeypatch.setattr(_norm, "CHUNK_D", 128)
+
+
 def pytest_collection_modifyitems(config, items):
     if DEVICE == "cuda":
         return

@@ -154,18 +154,6 @@ def test_deterministic(backend):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-@pytest.fixture
-def triton_chunks(monkeypatch):
-    """The triton kernels with tiny blocks, so that rows of a few hundred columns take the chunked path."""
-    if not kcourse.backends()["triton"].available:
-        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
-    from kcourse.blas.triton import _norm
-
-    monkeypatch.setattr(_norm, "ON_CHIP_FORWARD", 256)
-    monkeypatch.setattr(_norm, "ON_CHIP_BACKWARD", 128)
-    monkeypatch.setattr(_norm, "CHUNK_D", 128)
-
-
 @pytest.mark.parametrize("affine", [(True, True), (False, False)])
 @pytest.mark.parametrize("shape", [(9, 1000), (3, 200)])  # 200: one block forward, chunked backward
 def test_triton_chunked_rows(triton_chunks, shape, affine):

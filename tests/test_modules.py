@@ -10,9 +10,9 @@ import torch.nn as nn
 import kcourse
 import torch_reference as ref
 from kcourse import blas
-from kcourse.modules import (GPT, MLP, Attention, Block, Embedding, GPTConfig, LayerNorm, Linear, RMSNorm,
+from kcourse.modules import (GPT, MLP, Attention, Embedding, GPTConfig, LayerNorm, Linear, RMSNorm,
                              SwiGLU, set_backend)
-from _util import DEVICE, TOL
+from _util import DEVICE
 
 GPT2 = dict(vocab_size=61, block_size=24, n_layer=2, n_head=4, n_embd=32, mlp="gelu", norm="layernorm",
             pos="learned", bias=True, tie_weights=True)
