@@ -108,3 +108,18 @@ def test_inplace_ops_refuse_grad():
         blas.scal_(x, 2.0)
     with torch.no_grad():
         blas.scal_(x, 2.0)
+
+
+def test_primitive_backward_runs_on_the_forward_backend(monkeypatch):
+    # softmax's own backward kernel (not a composition): it must be the forward backend's
+    import kcourse.blas.autograd as autograd_module
+
+    seen = []
+    real = autograd_module.backward_kernel
+    monkeypatch.setattr(autograd_module, "backward_kernel", lambda name, op: seen.append((name, op)) or real(name, op))
+    x = randn(4, 9, dtype=torch.float64).requires_grad_()
+    with kcourse.use_backend("python"):
+        y = blas.softmax(x)
+    with kcourse.use_backend("pytorch"):
+        (y * torch.randn_like(y)).sum().backward()
+    assert seen == [("python", "softmax")]
