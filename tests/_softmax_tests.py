@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from kcourse import blas
 from kcourse.backend import backward_kernel, resolve
 from kcourse.blas.triton import _softmax
-from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_dtype
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, raises, randn, require_dtype
 
 # (shape, dim, layout): 1-D rows, rows of a matrix, every dim of a 3-D tensor; each in every
 # layout of _util.randn ("transposed" needs two dims)
@@ -143,15 +143,6 @@ def test_backward_skips_unneeded(op, backend):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large(op, backend, dtype, shape, dim):
     check(op, backend, 3 * randn(*shape, dtype=dtype), dim, randn(*shape, dtype=dtype))
-
-
-def raises(exc, pattern, fn, *args, **kwargs):
-    """Call ``fn``; check the error and that no tensor argument changed."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    before = [t.clone() for t in tensors]
-    with pytest.raises(exc, match=pattern):
-        fn(*args, **kwargs)
-    assert all(torch.equal(t, t0) for t, t0 in zip(tensors, before))
 
 
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton"])

@@ -78,3 +78,16 @@ def spy_kernels(monkeypatch) -> list:
 
     monkeypatch.setattr(backend_module, "_kernel", spy)
     return calls
+
+
+def raises(exc, pattern, fn, *args, **kwargs):
+    """Call ``fn``: it raises ``exc`` matching ``pattern``, and no tensor argument changed (NaNs
+    compare equal; meta tensors hold no values)."""
+    import pytest
+
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and not a.is_meta]
+    before = [t.clone() for t in tensors]
+    with pytest.raises(exc, match=pattern):
+        fn(*args, **kwargs)
+    for t, t0 in zip(tensors, before):
+        assert torch.equal(t, t0) or (t.isnan() == t0.isnan()).all(), "an argument changed before the error"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import kcourse
 from kcourse import blas
 from kcourse.backend import backward_kernel, resolve
-from _util import ALL_DTYPES, DTYPES, assert_close, randn, require_dtype
+from _util import ALL_DTYPES, DTYPES, assert_close, raises, randn, require_dtype
 
 SHAPES = [(1, 64), (7, 33), (3, 5, 1000), (2, 4097)]
 AFFINE = [(True, True), (True, False), (False, True), (False, False)]  # (weight given, bias given)
@@ -178,15 +178,6 @@ def test_gradcheck_float64(name):
     assert torch.autograd.gradcheck(lambda x: blas.layer_norm(x, eps=0.5, backend=name), leaves[:1])
     x1, b1 = randn(6, dtype=torch.float64).requires_grad_(), randn(6, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, b: blas.layer_norm(x, None, b, backend=name), (x1, b1))
-
-
-def raises(exc, pattern, fn, *args, **kwargs):
-    """Call ``fn``, check the error and that no tensor argument changed."""
-    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-    before = [t.clone() for t in tensors]
-    with pytest.raises(exc, match=pattern):
-        fn(*args, **kwargs)
-    assert all(torch.equal(t, t0) for t, t0 in zip(tensors, before)), "an argument changed before the error"
 
 
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
