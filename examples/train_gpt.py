@@ -112,8 +112,8 @@ def train(args) -> list[float]:
         ckpt = torch.load(ckpt_path, map_location=args.device, weights_only=False)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        gen.set_state(ckpt["generator"].cpu())
+        torch.set_rng_state(ckpt["torch_rng"].cpu())  # map_location moved it to the device
         losses, start = ckpt["losses"], ckpt["step"]
 
     entropy = unigram_entropy(train_data)

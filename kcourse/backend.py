@@ -25,6 +25,9 @@ from typing import Callable, Iterator
 import torch
 
 NAMES = ("python", "pytorch", "triton", "cute")
+OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm",  # the BLAS ops, then the primitives
+       "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu", "swiglu",
+       "embedding", "rope", "attention")
 DEFAULT = "pytorch"
 ENV_VAR = "KCOURSE_BACKEND"
 
@@ -133,6 +136,11 @@ def module(name: str, op: str):
         if e.name != module_name:
             raise
         raise NotImplementedError(f"{op}: the {name!r} backend has no kernel for {op} yet") from None
+
+
+def has_kernel(name: str, op: str) -> bool:
+    """Does the backend have a kernel file for ``op`` (``kcourse/blas/<name>/<op>.py``)? Nothing is imported."""
+    return importlib.util.find_spec(f"kcourse.blas.{name}.{op}") is not None
 
 
 @functools.lru_cache(maxsize=None)

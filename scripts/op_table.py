@@ -3,7 +3,7 @@
     python scripts/op_table.py                      # print the table
     python scripts/op_table.py --write              # rewrite it in README.md
     KCOURSE_RECORD=run.json pytest                  # a test run that records (op, backend) outcomes
-    python scripts/op_table.py record run.json      # fold that run into docs/verified.json
+    python scripts/op_table.py record run.json [more.json ...]   # fold that run (its parts) into docs/verified.json
 
 A cell names each device class on which the op's tests passed on that backend ("CPU", "H100", ...);
 "untested" means the kernel exists but no recorded run verified it; "—" means no kernel.
@@ -19,9 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("python", "pytorch", "triton", "cute")
-OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm", "softmax", "log_softmax",
-       "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu", "swiglu", "embedding", "rope",
-       "attention")
+sys.path.insert(0, str(ROOT))
+from kcourse.backend import OPS  # noqa: E402
 VERIFIED = ROOT / "docs" / "verified.json"
 README = ROOT / "README.md"
 START, END = "<!-- op-table:start -->", "<!-- op-table:end -->"
@@ -45,9 +44,19 @@ def load_verified() -> dict:
     return json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
 
 
-def record(run_path: str) -> None:
-    """Fold one recorded test run into docs/verified.json (keyed by device class)."""
-    run = json.loads(Path(run_path).read_text())
+def record(run_paths: list[str]) -> None:
+    """Fold one recorded test run into docs/verified.json (keyed by device class). A run recorded in
+    parts (several pytest invocations on one machine) is summed."""
+    parts = [json.loads(Path(p).read_text()) for p in run_paths]
+    run = {"meta": parts[0]["meta"], "results": {}}
+    for part in parts:
+        if device_class(part["meta"]["device"]) != device_class(run["meta"]["device"]):
+            raise SystemExit(f"record: {run_paths} were recorded on different devices")
+        for op, by_backend in part["results"].items():
+            for backend, counts in by_backend.items():
+                total = run["results"].setdefault(op, {}).setdefault(backend, {"passed": 0, "failed": 0})
+                for outcome in total:
+                    total[outcome] += counts[outcome]
     verified = load_verified()
     verified[device_class(run["meta"]["device"])] = run
     VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
@@ -88,7 +97,7 @@ def write() -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", choices=["print", "record"], default="print")
-    parser.add_argument("run", nargs="?", help="with record: the KCOURSE_RECORD file of a test run")
+    parser.add_argument("run", nargs="*", help="with record: the KCOURSE_RECORD file(s) of a test run")
     parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
     args = parser.parse_args(argv)
     if args.command == "record":

@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kcourse  # noqa: E402  (after the interpreter switch)
+from kcourse.backend import OPS, has_kernel  # noqa: E402
 
 from _util import DEVICE  # noqa: E402
 
@@ -31,9 +32,24 @@ def backend(request):
     info = kcourse.backends()[name]
     if not info.available:
         pytest.skip(f"{name} backend unavailable here: {info.reason}")
-    if name == "cute":
-        pytest.skip("cute backend: no kernels yet (the cute issues add them)")
+    missing = [op for op in _ops_of(request) if not has_kernel(name, op)]
+    if missing:
+        pytest.skip(f"{name} backend: no kernel yet for {', '.join(missing)}")
     return name
+
+
+def _ops_of(request) -> tuple[str, ...]:
+    """The ops a test needs: its file's op (tests/test_<op>.py), else its ``case``'s op (test_autograd),
+    else every op (modules, training)."""
+    op = request.module.__name__.removeprefix("test_")
+    if op in OPS:
+        return (op,)
+    case = getattr(getattr(request.node, "callspec", None), "params", {}).get("case")
+    if isinstance(case, str):  # "gemm_bias" -> gemm
+        for op in OPS:
+            if case == op or case.startswith(op + "_"):
+                return (op,)
+    return OPS
 
 
 @pytest.fixture
@@ -46,6 +62,17 @@ def triton_chunks(monkeypatch):
     monkeypatch.setattr(_norm, "ON_CHIP_FORWARD", 256)
     monkeypatch.setattr(_norm, "ON_CHIP_BACKWARD", 128)
     monkeypatch.setattr(_norm, "CHUNK_D", 128)
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    """A realistic-size test hands its memory back to the driver, so workers sharing the GPU fit."""
+    yield
+    if DEVICE == "cuda" and "gpu" in request.keywords:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def pytest_collection_modifyitems(config, items):

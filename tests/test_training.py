@@ -66,7 +66,10 @@ def test_train_gpt_resume_is_exact(tmp_path):
     whole = train_gpt.train(train_gpt.parse_args(common + ["--steps", "8", "--out", str(tmp_path / "a")]))
     train_gpt.train(train_gpt.parse_args(common + ["--steps", "8", "--stop-at", "4", "--out", str(tmp_path / "b")]))
     resumed = train_gpt.train(train_gpt.parse_args(common + ["--steps", "8", "--out", str(tmp_path / "b"), "--resume"]))
-    assert resumed == whole
+    if DEVICE == "cpu":
+        assert resumed == whole
+    else:  # on CUDA, SDPA's flash backward adds dq with atomics: sums may round differently run to run
+        torch.testing.assert_close(resumed, whole, rtol=1e-5, atol=0)
     assert (tmp_path / "b" / "loss.png").exists() and (tmp_path / "b" / "checkpoint.pt").exists()
 
 

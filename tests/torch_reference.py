@@ -4,6 +4,10 @@ into both. Written independently of kcourse: the second oracle of the module tes
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Not cuDNN: its bfloat16 backward gave wrong gradients on an H100 with torch 2.11 (pytorch#196678).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -33,7 +37,8 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_head, hd).transpose(1, 2)
         if self.rope:
             q, k = rope(q), rope(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=True)
+        with sdpa_kernel(SDPA_BACKENDS):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
