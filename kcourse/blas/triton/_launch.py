@@ -1,10 +1,11 @@
 """What the Triton kernels share: the interpreter switch, int64 indices, and n-D strided indexing.
 
 Elementwise ops (copy, swap, scal, axpby) take same-shape tensors whose strides may all differ.
-``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims, and a kernel maps
-each flat index to an operand's memory offset with ``strided_offsets``. When every operand is laid
-out the same dense way (all contiguous, say) the layout is one dim of stride 1; Triton compiles
-integer arguments equal to 1 as constants, so the kernel becomes a plain, vectorized 1-D sweep.
+``strided_layout`` (``kcourse.blas._layout``, shared with the cute backend) rewrites their common
+index space as at most ``MAX_DIMS`` dims, and a kernel maps each flat index to an operand's memory
+offset with ``strided_offsets``. When every operand is laid out the same dense way (all
+contiguous, say) the layout is one dim of stride 1; Triton compiles integer arguments equal to 1
+as constants, so the kernel becomes a plain, vectorized 1-D sweep.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import triton
 import triton.language as tl
 
 from ...backend import triton_interpreting
+from .._layout import MAX_DIMS, strided_layout  # noqa: F401  (the triton kernels import them from here)
 
 INTERPRET = triton_interpreting()  # True: kernels run on the CPU through Triton's interpreter
-MAX_DIMS = 4  # the most dims, after merging, that an elementwise kernel indexes
 BLOCK = 4096  # elements per program in the memory-bound kernels: 16 per thread with 8 warps
 NUM_WARPS = 8
 
@@ -34,31 +35,6 @@ def strided_offsets(i, shape, strides):
         offsets += (i % shape[d]) * strides[d]
         i = i // shape[d]
     return offsets + i * strides[0]
-
-
-def strided_layout(op: str, *tensors):
-    """One ``shape`` and a ``strides`` tuple per tensor, describing the same-shape ``tensors``.
-
-    Size-1 dims are dropped, the others ordered by the last tensor's strides (largest first), and
-    neighbours d, d+1 merged wherever every tensor steps through them as through a single dim
-    (``stride[d] == stride[d+1] * size[d+1]``). Contiguous tensors become ``(numel,)``, ``(1,)``.
-    """
-    ref = tensors[-1]
-    dims = sorted((d for d in range(ref.dim()) if ref.shape[d] != 1), key=lambda d: -ref.stride(d))
-    shape = [ref.shape[d] for d in dims]
-    strides = [[t.stride(d) for d in dims] for t in tensors]
-    for d in reversed(range(len(shape) - 1)):
-        if all(s[d] == s[d + 1] * shape[d + 1] for s in strides):
-            shape[d] *= shape.pop(d + 1)
-            for s in strides:
-                s[d] = s.pop(d + 1)
-    if len(shape) > MAX_DIMS:
-        described = ", ".join(f"{tuple(t.shape)} with strides {t.stride()}" for t in tensors)
-        raise ValueError(f"{op}: the triton kernel indexes at most {MAX_DIMS} dims that cannot be merged, "
-                         f"but these tensors need {len(shape)}: {described}; pass a .contiguous() copy")
-    if not shape:  # a single element
-        return (1,), [(1,)] * len(tensors)
-    return tuple(shape), [tuple(s) for s in strides]
 
 
 def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:

@@ -1,0 +1,38 @@
+"""The index space of same-shape tensors, merged: what every backend's elementwise kernels walk.
+
+Elementwise ops (copy, swap, scal, axpby, ...) take same-shape tensors whose strides may all
+differ. ``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims with one
+stride tuple per tensor, merging every pair of neighbouring dims that all tensors step through as
+through a single dim. When every operand is laid out the same dense way (all contiguous, say) the
+result is one dim of stride 1, which a kernel can sweep with wide, vectorized accesses.
+"""
+from __future__ import annotations
+
+import torch
+
+MAX_DIMS = 4  # the most dims, after merging, that an elementwise kernel indexes
+
+
+def strided_layout(op: str, *tensors: torch.Tensor) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """One ``shape`` and a ``strides`` tuple per tensor, describing the same-shape ``tensors``.
+
+    Size-1 dims are dropped, the others ordered by the last tensor's strides (largest first), and
+    neighbours d, d+1 merged wherever every tensor steps through them as through a single dim
+    (``stride[d] == stride[d+1] * size[d+1]``). Contiguous tensors become ``(numel,)``, ``(1,)``.
+    """
+    ref = tensors[-1]
+    dims = sorted((d for d in range(ref.dim()) if ref.shape[d] != 1), key=lambda d: -ref.stride(d))
+    shape = [ref.shape[d] for d in dims]
+    strides = [[t.stride(d) for d in dims] for t in tensors]
+    for d in reversed(range(len(shape) - 1)):
+        if all(s[d] == s[d + 1] * shape[d + 1] for s in strides):
+            shape[d] *= shape.pop(d + 1)
+            for s in strides:
+                s[d] = s.pop(d + 1)
+    if len(shape) > MAX_DIMS:
+        described = ", ".join(f"{tuple(t.shape)} with strides {t.stride()}" for t in tensors)
+        raise ValueError(f"{op}: the kernel indexes at most {MAX_DIMS} dims that cannot be merged, "
+                         f"but these tensors need {len(shape)}: {described}; pass a .contiguous() copy")
+    if not shape:  # a single element
+        return (1,), [(1,)] * len(tensors)
+    return tuple(shape), [tuple(s) for s in strides]

@@ -1,0 +1,312 @@
+"""What the CuTe kernels share: the compile cache, the launcher, the arguments, the stream and the target.
+
+How a cute op runs
+------------------
+Each op module has a *factory*: a Python function that takes a *key* (everything the kernel bakes
+in: dtypes, rank, which strides are 1, vector width, tile sizes -- never the sizes themselves) and
+returns a ``@cute.jit`` host function specialised for it (the key's values are Python constants in
+the closure, so they are compile-time constants in the DSL). The host function takes only runtime
+arguments and builds its tensors inside with ``cute.make_tensor(pointer, layout)``:
+
+- ``pointer(t, align)``: a tensor's address, element type and the alignment (bytes) the kernel may
+  assume. The alignment is compiled in, so it must follow from the key.
+- Python ints and floats: sizes, strides, scalars. Each is typed by the host function's annotation
+  (``Int32``, ``Int64``, ``Float32``); where there is none (a ``*args`` parameter) an int is an
+  ``Int64`` (sizes and strides may pass 2^31) and a float a ``Float32``.
+- ``stream(device)``: the current torch CUDA stream.
+- ``None``: an optional operand left out (beta == 0). The kernel is compiled without it, so which
+  arguments are None must follow from the key too.
+
+``launch(factory, key, *args)`` gets the ``Kernel`` of ``factory(*key)`` from ``compile_only``, which
+compiles it once per (factory, key, target), and calls it. Without a GPU every kernel still compiles
+(for ``sm_90a``): inside ``with compiling_only():`` an op called on CPU tensors compiles every kernel
+it would launch and launches none (its outputs are left unwritten), which is how CI checks that
+every kernel builds.
+
+Why a Kernel, and not the DSL's ``compiled(*args)``
+---------------------------------------------------
+A compiled host function is a C function taking one array: for each runtime argument, a pointer to
+its value (the 8-byte address for a pointer, the 4 or 8 bytes of a number, the ``CUstream`` handle).
+Calling it the DSL's way, ``compiled(*args)`` with ``cute.Pointer`` and ``Int64``/``Float32``
+objects, rebuilds all of that on every call: a ``make_ptr`` object per tensor (about 1.5 us), a DSL
+number per scalar (0.7 us), then generic marshalling of every argument (3 us and up) -- tens of
+microseconds for a kernel that may run for five. A ``Kernel`` does that work once, when it is
+compiled: it allocates a *block* of 8-byte slots, one per runtime argument, and the array of their
+addresses. A call writes the raw values into the slots with one ``struct.pack_into`` and hands the
+unchanged addresses to ``compiled.run_compiled_program``, which calls the C function; on the way it
+checks each pointer against the alignment and element type the kernel was compiled for. Before its
+first use the Kernel checks, byte for byte, that its block holds what the DSL's own marshalling
+(``compiled.generate_execution_args``) makes of the same arguments, so a DSL version that passes
+arguments differently fails loudly at compile time instead of launching with wrong values.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import inspect
+import operator
+import struct
+import threading
+import time
+from typing import NamedTuple
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.runtime import make_ptr
+
+DTYPES = {torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
+          torch.int64: cutlass.Int64, torch.int32: cutlass.Int32}
+COMPILE_SECONDS: dict[tuple, float] = {}  # (factory name, key, target) -> seconds its first call spent compiling
+_kernels: dict[tuple, Kernel] = {}  # (factory, key, target) -> its Kernel
+_compile_only = False
+_CPU_TARGET = "sm_90a"  # what kernels compile for where there is no GPU
+
+
+# ----------------------------------------------------------------------------- the machine
+
+@functools.cache
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+@functools.cache
+def _arch(device_index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def target() -> str:
+    """The GPU architecture kernels compile for: the current device's (``sm_90a`` on an H100), else sm_90a."""
+    return _arch(torch.cuda.current_device()) if _has_gpu() else _CPU_TARGET
+
+
+def stream(device: torch.device | None = None) -> cuda.CUstream:
+    """The current torch CUDA stream of ``device`` (None: the current device) as a ``CUstream``; the
+    null stream where there is no GPU or ``device`` is the CPU (compiling only)."""
+    if not _has_gpu() or (device is not None and device.type != "cuda"):
+        return cuda.CUstream(0)
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    # the handle as an int, as torch's generated code gets it; torch.cuda.current_stream() would
+    # first build a torch Stream object, several times the cost
+    return cuda.CUstream(torch._C._cuda_getCurrentRawStream(index))
+
+
+# ----------------------------------------------------------------------------- arguments
+
+class PointerArg(NamedTuple):
+    """A ``cute.Pointer`` argument as a launch passes it: a global-memory address, the element type
+    and the alignment in bytes the kernel may assume (a cheap tuple; ``make_ptr`` happens once, at
+    compile time)."""
+
+    address: int
+    dtype: type
+    align: int
+
+
+def pointer(t: torch.Tensor, align: int, offset: int = 0) -> PointerArg:
+    """A pointer ``offset`` elements past ``t``'s first element (in memory: a sub-view's start
+    without making the view), promising ``align`` bytes of alignment, which every launch checks."""
+    return PointerArg(t.data_ptr() + offset * t.element_size(), DTYPES[t.dtype], align)
+
+
+# How each kind of argument is passed. A slot kind knows its struct format (8 bytes in all), whether
+# the C function gets it (``passed``), the DSL value to compile with, the value its slot holds on a
+# call (``c_value``), and a distinctive value for the check against the DSL's marshalling (``probe``).
+
+class _Absent:
+    """A ``None`` argument: compiled away, it has no C argument (its slot holds 0 and is not passed)."""
+
+    fmt, passed = "Q", False
+
+    def compile_value(self, arg):
+        return None
+
+    def c_value(self, arg) -> int:
+        if arg is not None:
+            raise ValueError(f"the kernel was compiled for None here, and got {arg!r}")
+        return 0
+
+    def probe(self, arg, i):
+        return None
+
+
+class _Pointer:
+    """A ``cute.Pointer`` argument: its slot holds the address."""
+
+    fmt, passed = "Q", True
+
+    def __init__(self, arg: PointerArg):
+        self.dtype, self.align = arg.dtype, arg.align
+
+    def compile_value(self, arg: PointerArg):
+        return make_ptr(arg.dtype, arg.address, cute.AddressSpace.gmem, assumed_align=arg.align)
+
+    def c_value(self, arg: PointerArg) -> int:
+        # the kernel was compiled assuming this element type and alignment: check, never assume
+        if type(arg) is not PointerArg or arg.dtype is not self.dtype or arg.address % self.align:
+            raise ValueError(f"the kernel was compiled for a {self.align}-byte aligned pointer to "
+                             f"{self.dtype.__name__}, and got {arg!r}")
+        return arg.address
+
+    def probe(self, arg: PointerArg, i: int) -> PointerArg:
+        return arg
+
+
+class _Stream:
+    """A ``cuda.CUstream`` argument: its slot holds the stream handle."""
+
+    fmt, passed = "Q", True
+
+    def compile_value(self, arg: cuda.CUstream) -> cuda.CUstream:
+        return arg
+
+    def c_value(self, arg: cuda.CUstream) -> int:
+        return int(arg)
+
+    def probe(self, arg, i: int) -> cuda.CUstream:
+        return cuda.CUstream(0x0123456789ABCDEF + i)
+
+
+def _float32(arg) -> float:
+    """A Python or DSL number rounded to float32 as the DSL does it (a C cast: +-inf beyond the
+    range, where struct would raise)."""
+    return ctypes.c_float(arg.value if isinstance(arg, cutlass.Numeric) else arg).value
+
+
+class _Number:
+    """An ``Int32``, ``Int64`` or ``Float32`` argument: its slot holds the number (4-byte ones
+    followed by 4 zero bytes)."""
+
+    # type -> (struct format, the number from a Python or DSL number: operator.index takes an int
+    # and an Int32 alike)
+    FORMATS = {Int32: ("i4x", operator.index), Int64: ("q", operator.index), Float32: ("f4x", _float32)}
+    passed = True
+
+    def __init__(self, dsl_type):
+        if dsl_type not in self.FORMATS:
+            raise TypeError(f"launch: a {dsl_type.__name__} argument; only Int32, Int64 and Float32 are supported")
+        self.type = dsl_type
+        self.fmt, self.c_value = self.FORMATS[dsl_type]
+
+    def compile_value(self, arg):
+        return self.type(arg.value if isinstance(arg, cutlass.Numeric) else arg)
+
+    def probe(self, arg, i: int):
+        # negative, so that the high 4 bytes of an 8-byte integer are not 0 and a C type of the
+        # wrong width shows; distinct per argument, so that a misplaced one shows
+        return -(i + 1.5) if self.type is Float32 else -(i + 2)
+
+
+def _slot(arg, annotation):
+    """How ``arg``, passed for a parameter with this annotation (None: unannotated), is passed."""
+    if arg is None:
+        return _Absent()
+    if isinstance(arg, PointerArg):
+        return _Pointer(arg)
+    if isinstance(arg, cuda.CUstream):
+        return _Stream()
+    if isinstance(annotation, type) and issubclass(annotation, cutlass.Numeric):
+        return _Number(annotation)
+    if isinstance(arg, cutlass.Numeric):
+        return _Number(type(arg))
+    if isinstance(arg, float):
+        return _Number(Float32)
+    if isinstance(arg, int):
+        return _Number(Int64)
+    raise TypeError(f"launch: cannot pass {arg!r} to a kernel")
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+class Kernel:
+    """``factory(*key)`` compiled for this machine's target, and the block of C arguments it is
+    called with (see the module doc)."""
+
+    def __init__(self, factory, key: tuple, args: tuple):
+        host = factory(*key)
+        self.name = f"{factory.__name__}{key}"
+        params = inspect.signature(host, eval_str=True).parameters.values()
+        annotations = [None if p.annotation is p.empty else p.annotation
+                       for p in params if p.kind is not p.VAR_POSITIONAL]  # positions past these: *args
+        self._slots = [_slot(arg, annotations[i] if i < len(annotations) else None) for i, arg in enumerate(args)]
+        self._c_values = [slot.c_value for slot in self._slots]  # argument -> what its slot holds
+        compile_args = [slot.compile_value(arg) for slot, arg in zip(self._slots, args)]
+        start = time.perf_counter()
+        self.compiled = cute.compile(host, *compile_args, options=f"--gpu-arch {target()}")
+        COMPILE_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
+
+        # The block: slot i is bytes [8i, 8i + 8); the C function gets the addresses of the slots
+        # of the arguments that are not None.
+        self._format = struct.Struct("=" + "".join(slot.fmt for slot in self._slots))  # native order, no padding
+        self._block = ctypes.create_string_buffer(self._format.size)
+        base = ctypes.addressof(self._block)
+        self._addresses = [ctypes.c_void_p(base + 8 * i) for i, slot in enumerate(self._slots) if slot.passed]
+        # One call at a time fills the block and launches from it: the C call releases the GIL, and
+        # another thread must not rewrite the block while the host function reads it.
+        self._lock = threading.Lock()
+        self._check_marshalling(args)
+
+    def __call__(self, *args) -> None:
+        """Launch on ``args`` (the same kinds of arguments, in the same places, as at compile time)."""
+        with self._lock:
+            self._fill(args)
+            self.compiled.run_compiled_program(self._addresses)
+
+    def _fill(self, args: tuple) -> None:
+        """Write the C values of ``args`` into the block."""
+        if len(args) != len(self._slots):
+            raise TypeError(f"{self.name}: {len(args)} arguments, compiled for {len(self._slots)}")
+        try:
+            self._format.pack_into(self._block, 0, *[c_value(arg) for c_value, arg in zip(self._c_values, args)])
+        except (ValueError, struct.error) as e:  # struct.error: a number outside its type's range
+            raise ValueError(f"{self.name}: {e}; arguments {args}") from None
+
+    def _check_marshalling(self, args: tuple) -> None:
+        """Check that the block holds byte for byte the C arguments that the DSL's own marshalling
+        (what ``compiled(*args)`` would pass) makes of the same values: the argument values are
+        replaced by distinctive ones (a non-null stream, negative numbers), so that every slot's
+        place, width and encoding are tested, and 8 bytes are compared per slot."""
+        probes = [slot.probe(arg, i) for i, (slot, arg) in enumerate(zip(self._slots, args))]
+        # the DSL's addresses point into these objects: they must outlive the comparison
+        dsl_args = [slot.compile_value(probe) for slot, probe in zip(self._slots, probes)]
+        dsl_addresses, _adapted = self.compiled.generate_execution_args(*dsl_args)
+        self._fill(probes)
+        ours = [ctypes.string_at(address, 8) for address in self._addresses]
+        dsl = [ctypes.string_at(address, 8) for address in dsl_addresses]
+        if ours != dsl:
+            raise RuntimeError(f"{self.name}: the DSL passes these arguments as {len(dsl)} C values "
+                               f"{[d.hex() for d in dsl]}, _compile.Kernel as {len(ours)} values "
+                               f"{[o.hex() for o in ours]}; this DSL version needs _compile.Kernel updated")
+
+
+def compile_only(factory, key: tuple, *args) -> Kernel:
+    """The ``Kernel`` of ``factory(*key)`` for these kinds of arguments, compiled on its first use
+    (cached per target); nothing runs."""
+    where = (factory, key, target())
+    kernel = _kernels.get(where)
+    if kernel is None:
+        kernel = _kernels[where] = Kernel(factory, key, args)
+    return kernel
+
+
+def launch(factory, key: tuple, *args) -> None:
+    """Run ``factory(*key)`` on ``args``, compiling it on its first use."""
+    kernel = compile_only(factory, key, *args)
+    if not _compile_only:
+        kernel(*args)
+
+
+@contextlib.contextmanager
+def compiling_only():
+    """Within this block ``launch`` compiles and does not run: how kernels are checked without a GPU."""
+    global _compile_only
+    previous, _compile_only = _compile_only, True
+    try:
+        yield
+    finally:
+        _compile_only = previous

@@ -1,0 +1,111 @@
+"""Every cute kernel compiles (for sm_90a where there is no GPU): CI's check that a CuTe DSL kernel
+still builds, on machines that cannot run it. Each case calls a cute op on CPU tensors inside
+``_compile.compiling_only()``, so the op picks its kernel variant exactly as on a GPU (vector width
+from alignment and strides, gemm path, orientation) and compiles it; nothing is launched. Whether
+the kernels compute the right thing is the other test files' job, on a GPU."""
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
+
+from kcourse.blas.cute import _compile  # noqa: E402
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def t(*shape, dtype, layout="contiguous"):
+    """A CPU tensor of ``shape`` laid out as asked (its values are never read)."""
+    if layout == "contiguous":
+        return torch.zeros(shape, dtype=dtype)
+    if layout == "transposed":
+        return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype).mT
+    if layout == "strided":
+        return torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+    if layout == "misaligned":  # the first element 2 or 4 bytes past a 16-byte boundary
+        return torch.zeros(shape[0] + 1, *shape[1:], dtype=dtype)[1:]
+    raise ValueError(layout)
+
+
+def elementwise(op, layout, dtype, shape=(37, 41)):
+    x, y, out = (t(*shape, dtype=dtype, layout=layout) for _ in range(3))
+    return {
+        "copy": lambda f: f(x, out),
+        "swap": lambda f: f(x, y, x, y),
+        "scal": lambda f: f(x, 0.5, out),
+        "axpby": lambda f: (f(x, y, 2.0, -1.0, out), f(x, None, 2.0, 0.0, out)),  # and beta == 0
+    }[op]
+
+
+def level2(op, layout, dtype, m=67, n=45):
+    A, out = t(m, n, dtype=dtype, layout=layout), t(m, n, dtype=dtype)
+    x, y = t(n, dtype=dtype, layout="strided" if layout == "strided" else "contiguous"), t(m, dtype=dtype)
+    xm, yn = t(m, dtype=dtype), t(n, dtype=dtype)
+    return {
+        "dot": lambda f: f(t(4099, dtype=dtype, layout=layout if layout != "transposed" else "contiguous"),
+                           t(4099, dtype=dtype, layout=layout if layout != "transposed" else "contiguous")),
+        "gemv": lambda f: (f(A, x, y, 1.0, 0.5, y), f(A, x, None, 2.0, 0.0, t(m, dtype=dtype))),
+        "geru": lambda f: (f(A, xm, yn, 0.5, out), f(out, xm, yn, 0.5, out)),  # and in place
+    }[op]
+
+
+def gemm(layout, dtype, m=160, n=136, k=72):
+    A, B = t(m, k, dtype=dtype, layout=layout), t(k, n, dtype=dtype, layout=layout)
+    C, out = t(m, n, dtype=dtype), t(m, n, dtype=dtype)
+    bias = torch.zeros(n, dtype=dtype).expand(m, n)
+    batched = (t(3, m, k, dtype=dtype), t(k, n, dtype=dtype).expand(3, k, n), t(3, m, n, dtype=dtype))
+    return lambda f: (f(A, B, None, 1.0, 0.0, out), f(A, B, C, 1.0, 0.5, C), f(A, B, bias, 1.0, 1.0, out),
+                      f(batched[0], batched[1], None, 1.0, 0.0, batched[2]))
+
+
+CASES = ([(op, elementwise) for op in ("copy", "swap", "scal", "axpby")]
+         + [(op, level2) for op in ("dot", "gemv", "geru")])
+LAYOUTS = ("contiguous", "transposed", "strided", "misaligned")
+
+
+def compiled_kernels(monkeypatch) -> list:
+    """Record the (factory, key) of every kernel ``_compile`` is asked for."""
+    seen, real = [], _compile.compile_only
+
+    def spy(factory, key, *args):
+        seen.append((factory.__name__, key))
+        return real(factory, key, *args)
+
+    monkeypatch.setattr(_compile, "compile_only", spy)
+    return seen
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op,case", CASES, ids=[op for op, _ in CASES])
+def test_kernels_compile(monkeypatch, op, case, dtype, layout):
+    seen = compiled_kernels(monkeypatch)
+    kernel = getattr(importlib.import_module(f"kcourse.blas.cute.{op}"), op)
+    with _compile.compiling_only():
+        case(op, layout, dtype)(kernel)
+    assert seen, f"{op} compiled no kernel"
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "transposed", "misaligned"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemm_kernels_compile(monkeypatch, dtype, layout):
+    seen = compiled_kernels(monkeypatch)
+    from kcourse.blas.cute.gemm import gemm as kernel
+
+    with _compile.compiling_only():
+        gemm(layout, dtype)(kernel)
+    assert seen, "gemm compiled no kernel"
+    if dtype != torch.float32 and layout != "misaligned":  # aligned 16-bit operands take the Hopper path
+        assert any("sm90" in name.lower() for name, _ in seen), seen
+
+
+def test_a_compiled_kernel_is_reused(monkeypatch):
+    x, out = torch.zeros(1000), torch.zeros(1000)
+    from kcourse.blas.cute.copy import copy
+
+    with _compile.compiling_only():
+        copy(x, out)
+        before = dict(_compile.COMPILE_SECONDS)
+        copy(torch.zeros(5000), torch.zeros(5000))  # another size of the same shape class
+    assert _compile.COMPILE_SECONDS == before
