@@ -26,6 +26,17 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, k: int = 1) -> No
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)))
 
 
+def require_backend(name: str) -> None:
+    """Skip (saying why) where backend ``name`` cannot run here."""
+    import pytest
+
+    import kcourse
+
+    info = kcourse.backends()[name]
+    if not info.available:
+        pytest.skip(f"{name} backend unavailable here: {info.reason}")
+
+
 def require_dtype(backend: str, dtype: torch.dtype) -> None:
     """Skip (saying why) where the backend has no kernel for ``dtype``: float64 runs on python and pytorch only."""
     import pytest

@@ -11,10 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kcourse  # noqa: E402  (after the interpreter switch)
-from kcourse.backend import OPS, has_kernel  # noqa: E402
+from kcourse.backend import OPS, has_kernel  # noqa: E402  (after the interpreter switch)
 
-from _util import DEVICE  # noqa: E402
+from _util import DEVICE, require_backend  # noqa: E402
 
 # Backends compared against the python reference. `python` itself is checked against float64
 # torch in each test file; listing it here too would compare the reference with itself.
@@ -29,9 +28,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def backend(request):
     name = request.param
-    info = kcourse.backends()[name]
-    if not info.available:
-        pytest.skip(f"{name} backend unavailable here: {info.reason}")
+    require_backend(name)
     missing = [op for op in _ops_of(request) if not has_kernel(name, op)]
     if missing:
         pytest.skip(f"{name} backend: no kernel yet for {', '.join(missing)}")
@@ -55,8 +52,7 @@ def _ops_of(request) -> tuple[str, ...]:
 @pytest.fixture
 def triton_chunks(monkeypatch):
     """The triton norm kernels with tiny blocks, so rows of a few hundred columns take the chunked path."""
-    if not kcourse.backends()["triton"].available:
-        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
+    require_backend("triton")
     from kcourse.blas.triton import _norm
 
     monkeypatch.setattr(_norm, "ON_CHIP_FORWARD", 256)

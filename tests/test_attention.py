@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 import kcourse
 from kcourse import blas
-from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_dtype
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_backend, require_dtype
 
 # (B, H, Hkv, Tq, Tk, D): tiny, as the interpreter is slow, yet several tiles per row (the
 # interpreter's tiles are 16 and 32 long) with tails, grouped-query heads, Tq != Tk both ways, and
@@ -162,8 +162,7 @@ def test_gradcheck(backend_name, causal):
 
 
 def test_triton_head_dim_limit():
-    if not kcourse.backends()["triton"].available:
-        pytest.skip("triton backend unavailable here")
+    require_backend("triton")
     q, k, v = qkv(1, 2, 1, 3, 3, 160)
     with pytest.raises(ValueError, match=r"attention: the triton kernels support head dims D from 1 to 128, "
                                          r"got D = 160 \(q \(1, 2, 3, 160\)\)"):

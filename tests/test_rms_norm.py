@@ -6,10 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kcourse
 from kcourse import blas
 from kcourse.backend import backward_kernel, resolve
-from _util import ALL_DTYPES, DTYPES, assert_close, raises, randn, require_dtype
+from _util import ALL_DTYPES, DTYPES, assert_close, raises, randn, require_backend, require_dtype
 
 SHAPES = [(1, 64), (7, 33), (3, 5, 1000), (2, 4097)]
 
@@ -141,8 +140,7 @@ def test_triton_chunked_rows(triton_chunks, shape, weighted):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_long_rows(dtype):
     # longer than the forward holds on chip (16384) and than the backward does (8192)
-    if not kcourse.backends()["triton"].available:
-        pytest.skip(f"triton backend unavailable here: {kcourse.backends()['triton'].reason}")
+    require_backend("triton")
     check("triton", *inputs((2, 20000), dtype))
 
 
@@ -158,8 +156,7 @@ def test_gradcheck_float64(name):
 
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
 def test_validation(name):
-    if not kcourse.backends()[name].available:
-        pytest.skip(f"{name} backend unavailable here: {kcourse.backends()[name].reason}")
+    require_backend(name)
     x, weight = randn(3, 4), randn(4)
     rms = lambda *args, **kw: blas.rms_norm(*args, backend=name, **kw)  # noqa: E731
     raises(ValueError, re.escape("rms_norm: x is (3, 4) and weight is (5,); weight must be (4,), the size of x's "
