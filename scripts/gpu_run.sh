@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
-# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|bench|gpt|all];
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|all];
 # each part takes up to 9 minutes, so run "tests" and "bench" as two device calls (10-minute limit each).
 # Writes $OUT/tests*.log, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
 set -uo pipefail
@@ -12,11 +12,13 @@ mkdir -p "$out"
   python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__)'
 } 2>&1 | tee "$out/env.txt"
 status=0
-if [[ $what == tests || $what == all ]]; then
+if [[ $what == tests || $what == small || $what == all ]]; then
   # small tests on 12 workers; the realistic-size ones (marker gpu, up to ~20 GiB each) on 3
-  KCOURSE_RECORD="$out/verified-small.json" timeout 300 python3 -m pytest -q -p no:cacheprovider -n 12 \
+  KCOURSE_RECORD="$out/verified-small.json" timeout ${SMALL_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -n 12 \
     -m "not gpu" --durations=10 tests 2>&1 | tee "$out/tests.log" | tail -n 30
   status=${PIPESTATUS[0]}
+fi
+if [[ $what == tests || $what == large || $what == all ]]; then
   KCOURSE_RECORD="$out/verified-large.json" timeout 240 python3 -m pytest -q -p no:cacheprovider -n 3 \
     -m gpu --durations=10 tests 2>&1 | tee "$out/tests-large.log" | tail -n 30
   (( status |= PIPESTATUS[0] ))
