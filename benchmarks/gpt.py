@@ -62,9 +62,24 @@ def throughput(model, args, c: GPTConfig) -> dict:
         loss = step(i)
     sync(args.device)
     elapsed = time.perf_counter() - t0
+    if args.profile:
+        profile(step, args)
     return {"tokens_per_s": args.batch * c.block_size * args.steps / elapsed, "step_ms": 1e3 * elapsed / args.steps,
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None,
             "final_loss": loss.item()}
+
+
+def profile(step, args) -> None:
+    """Three more steps under torch.profiler; prints the kernels and ops that take the most time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if args.device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(3):
+            step(i)
+        sync(args.device)
+    key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))
 
 
 def sync(device: str) -> None:
@@ -83,6 +98,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--tiny", action="store_true", help="a tiny model: a smoke test of this script")
+    p.add_argument("--profile", action="store_true", help="print where each model's step time goes (torch.profiler)")
     args = p.parse_args(argv)
 
     c = config(args)

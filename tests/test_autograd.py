@@ -91,15 +91,17 @@ def test_backward_runs_on_the_forward_backend(monkeypatch):
     assert calls == [("python", "gemm"), ("python", "gemm")]  # dA and dB: two gemm calls
 
 
-def test_no_work_for_inputs_without_grad(monkeypatch):
+@pytest.mark.parametrize("beta, ops", [(0.5, ["gemm", "scal", "gemv"]), (1.0, ["gemm", "gemv"])])
+def test_no_work_for_inputs_without_grad(monkeypatch, beta, ops):
     A, B = randn(7, 6).requires_grad_(), randn(6, 5)
     C = randn(5).requires_grad_()
-    out = blas.gemm(A, B, C, 1.0, 1.0, backend="python")
+    out = blas.gemm(A, B, C, 1.0, beta, backend="python")
     calls = spy_kernels(monkeypatch)
     out.sum().backward()
-    # dA (gemm), dC (scal, then a gemv summing the bias over the rows); nothing for B
-    assert [op for _, op in calls] == ["gemm", "scal", "gemv"]
+    # dA (gemm), dC (scal unless beta == 1, then a gemv summing the bias over the rows); nothing for B
+    assert [op for _, op in calls] == ops
     assert B.grad is None
+    torch.testing.assert_close(C.grad, torch.full_like(C, 7 * beta))
 
 
 def test_inplace_ops_refuse_grad():

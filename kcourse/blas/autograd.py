@@ -11,7 +11,8 @@
 
 Where an input was broadcast (a bias row, a 2-D operand of a batched gemm), its gradient is summed
 over the broadcast dimensions by ``_sum_to``, itself a gemv with a vector of ones. Only inputs
-that need a gradient cost work (``ctx.needs_input_grad``).
+that need a gradient cost work (``ctx.needs_input_grad``), and a scale by exactly 1 (the residual
+``x + f(x)``, a bias added with beta = 1) passes the gradient through instead of copying it (``_scaled``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ from torch.autograd.function import once_differentiable
 
 from ..backend import backward_kernel, resolve
 from .. import blas as api  # the public ops (this module is imported while kcourse.blas initializes)
+
+
+def _scaled(grad: torch.Tensor, a: float, backend: str) -> torch.Tensor:
+    """``a * grad`` by ``scal``; for ``a == 1`` the gradient itself (the same bits, no kernel)."""
+    return grad if a == 1 else api.scal(grad, a, backend=backend)
 
 
 def _sum_to(grad: torch.Tensor, shape: torch.Size, backend: str) -> torch.Tensor:
@@ -65,7 +71,7 @@ class Scal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return api.scal(dy, ctx.alpha, backend=ctx.backend), None, None
+        return _scaled(dy, ctx.alpha, ctx.backend), None, None
 
 
 class Axpby(torch.autograd.Function):
@@ -76,8 +82,8 @@ class Axpby(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dr):
-        dx = api.scal(dr, ctx.alpha, backend=ctx.backend) if ctx.needs_input_grad[0] else None
-        dy = api.scal(dr, ctx.beta, backend=ctx.backend) if ctx.needs_input_grad[1] else None
+        dx = _scaled(dr, ctx.alpha, ctx.backend) if ctx.needs_input_grad[0] else None
+        dy = _scaled(dr, ctx.beta, ctx.backend) if ctx.needs_input_grad[1] else None
         return dx, dy, None, None, None
 
 
@@ -115,7 +121,7 @@ class Gemv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dx = api.gemv(A.mT, dy, alpha=a, backend=be)  # (n, m) @ (m,) -> (n,)
         if ctx.needs_input_grad[2]:
-            dy0 = api.scal(dy, b, backend=be)
+            dy0 = _scaled(dy, b, be)
         return dA, dx, dy0, None, None, None
 
 
@@ -157,7 +163,7 @@ class Gemm(torch.autograd.Function):
             else:
                 dB = _sum_to(api.gemm(A.mT, dC, alpha=a, backend=be), B.shape, be)  # (.., k, m)(.., m, n)
         if ctx.needs_input_grad[2]:
-            dC0 = _sum_to(api.scal(dC, b, backend=be), ctx.C_shape, be)
+            dC0 = _sum_to(_scaled(dC, b, be), ctx.C_shape, be)
         return dA, dB, dC0, None, None, None
 
 
