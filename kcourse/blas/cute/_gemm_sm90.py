@@ -233,10 +233,9 @@ def gemm_sm90(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: f
         _GemmSm90, key,
         _compile.pointer(A, 16), _compile.pointer(B, 16),
         _compile.pointer(C if has_c else out, 2), _compile.pointer(out, 16),
-        Int32(m), Int32(n), Int32(k), Int32(batch), Int32(batch_a), Int32(batch_b),
-        Int64(lda), Int64(sa), Int64(ldb), Int64(sb), Int64(ldo), Int64(so),
-        Int64(c_strides[1]), Int64(c_strides[2]), Int64(c_strides[0]),
-        Float32(alpha), Float32(beta), _compile.stream(out.device if out.is_cuda else None))
+        m, n, k, batch, batch_a, batch_b, lda, sa, ldb, sb, ldo, so,  # plain numbers: the host function's
+        c_strides[1], c_strides[2], c_strides[0], alpha, beta,          # annotations give their C types
+        _compile.stream(out.device if out.is_cuda else None))
     return out
 
 
