@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
-# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|all];
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|all];
 # small tests take ~9 minutes on an H100 host (16 cores), large ones ~5, bench ~9: one device call each (10-minute limit).
 # Writes $OUT/tests*.log, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
 set -uo pipefail
@@ -26,6 +26,16 @@ fi
 if [[ $what == bench || $what == all ]]; then
   timeout 540 python3 benchmarks/run.py --out /tmp/bench --backends ${BENCH_BACKENDS:-pytorch,triton} ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -n 60
   tar -C /tmp -czf "$out/bench.tgz" bench
+fi
+if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.sh first: DEVELOPERS.md)
+  prims="softmax log_softmax cross_entropy layer_norm rms_norm gelu silu relu swiglu embedding rope attention modules training"
+  KCOURSE_RECORD="$out/verified-cute-primitives.json" timeout ${CUTE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+    -n 12 -m "not gpu" -k cute -rf --durations=10 $(for t in $prims; do echo tests/test_$t.py; done) > "$out/tests-cute-primitives.log" 2>&1
+  status=$?; tail -n 3 "$out/tests-cute-primitives.log"
+  blas="copy swap scal axpby dot gemv geru gemm autograd"
+  KCOURSE_RECORD="$out/verified-cute-blas.json" timeout ${CUTE_BLAS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
+    -n 12 -m "not gpu" -k cute -rf $(for t in $blas; do echo tests/test_$t.py; done) > "$out/tests-cute-blas.log" 2>&1
+  (( status |= $? )); tail -n 3 "$out/tests-cute-blas.log"
 fi
 if [[ $what == gpt ]]; then  # training throughput, kcourse (triton) vs torch.nn, both architectures
   for arch in gpt2 llama; do

@@ -11,21 +11,9 @@ import torch
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
 from kcourse.blas.cute import _compile  # noqa: E402
+from _cute import compiled_kernels, t  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def t(*shape, dtype, layout="contiguous"):
-    """A CPU tensor of ``shape`` laid out as asked (its values are never read)."""
-    if layout == "contiguous":
-        return torch.zeros(shape, dtype=dtype)
-    if layout == "transposed":
-        return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype).mT
-    if layout == "strided":
-        return torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
-    if layout == "misaligned":  # the first element 2 or 4 bytes past a 16-byte boundary
-        return torch.zeros(shape[0] + 1, *shape[1:], dtype=dtype)[1:]
-    raise ValueError(layout)
 
 
 def elementwise(op, layout, dtype, shape=(37, 41)):
@@ -62,18 +50,6 @@ def gemm(layout, dtype, m=160, n=136, k=72):
 CASES = ([(op, elementwise) for op in ("copy", "swap", "scal", "axpby")]
          + [(op, level2) for op in ("dot", "gemv", "geru")])
 LAYOUTS = ("contiguous", "transposed", "strided", "misaligned")
-
-
-def compiled_kernels(monkeypatch) -> list:
-    """Record the (factory, key) of every kernel ``_compile`` is asked for."""
-    seen, real = [], _compile.compile_only
-
-    def spy(factory, key, *args):
-        seen.append((factory.__name__, key))
-        return real(factory, key, *args)
-
-    monkeypatch.setattr(_compile, "compile_only", spy)
-    return seen
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

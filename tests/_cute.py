@@ -1,0 +1,31 @@
+"""What the cute compile tests share (tests/test_cute_compile*.py): CPU tensors in the layouts the
+kernels specialize on, and a spy on the kernels ``_compile`` is asked for. Import only after
+``pytest.importorskip("cutlass")``."""
+import torch
+
+from kcourse.blas.cute import _compile
+
+
+def t(*shape, dtype, layout="contiguous"):
+    """A CPU tensor of ``shape`` laid out as asked (its values are never read)."""
+    if layout == "contiguous":
+        return torch.zeros(shape, dtype=dtype)
+    if layout == "transposed":
+        return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype).mT
+    if layout == "strided":
+        return torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+    if layout == "misaligned":  # the first element 2 or 4 bytes past a 16-byte boundary
+        return torch.zeros(shape[0] + 1, *shape[1:], dtype=dtype)[1:]
+    raise ValueError(layout)
+
+
+def compiled_kernels(monkeypatch) -> list:
+    """Record the (factory name, key) of every kernel ``_compile`` is asked for."""
+    seen, real = [], _compile.compile_only
+
+    def spy(factory, key, *args):
+        seen.append((factory.__name__, key))
+        return real(factory, key, *args)
+
+    monkeypatch.setattr(_compile, "compile_only", spy)
+    return seen
