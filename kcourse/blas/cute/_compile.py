@@ -257,6 +257,11 @@ class Kernel:
             self._fill(args)
             self.compiled.run_compiled_program(self._addresses)
 
+    def check(self, args: tuple) -> None:
+        """Raise as a launch on ``args`` would, without launching."""
+        with self._lock:
+            self._fill(args)
+
     def _fill(self, args: tuple) -> None:
         """Write the C values of ``args`` into the block."""
         if len(args) != len(self._slots):
@@ -297,7 +302,9 @@ def compile_only(factory, key: tuple, *args) -> Kernel:
 def launch(factory, key: tuple, *args) -> None:
     """Run ``factory(*key)`` on ``args``, compiling it on its first use."""
     kernel = compile_only(factory, key, *args)
-    if not _compile_only:
+    if _compile_only:  # still check the arguments against the compiled kernel: a key that misses
+        kernel.check(args)  # something compiled in (a pointer's dtype, say) fails on a CPU too
+    else:
         kernel(*args)
 
 

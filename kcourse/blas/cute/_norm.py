@@ -1,0 +1,488 @@
+"""The CuTe kernels of layer_norm and rms_norm (``center`` false: the mean is 0 and not stored).
+
+Rows are the last dimension of x (..., D), flattened to (N, D). Per row, in float32:
+
+    mean = sum_j x_j / D,  rstd = 1 / sqrt(sum_j (x_j - mean)^2 / D + eps),  xhat = (x - mean) * rstd
+    y = xhat * weight + bias
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))  with g = dy * weight  (rms_norm: no mean(g))
+    dweight = sum_rows dy * xhat,   dbias = sum_rows dy
+
+FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): forward 2NDs (+ 8N
+for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory bound.
+
+Threads over rows are ``_rows.plan``'s (a CTA of 256 threads = 256 / TPR rows of TPR threads, a
+row read with 128-bit accesses where the layout allows, row sums by warp shuffles then shared
+memory, ``_rows.row_allreduce``). x is addressed through its own row and column strides (a
+transposed or strided x is read in place); y, dx, weight and bias are contiguous.
+
+Forward (``norm_forward_kernel``, a CTA per 256 / TPR rows)
+    A row of up to ``MAX_ONE_PASS`` (16384) columns is loaded once and kept in registers: exact
+    two-pass statistics on chip (the sum, then the sum of (x - mean)^2 over the same registers), then
+    y. A longer row is swept in chunks: the first chunk's mean K is computed first, then per thread
+    the sums of s = x - K and s^2 (var = mean(s^2) - mean(s)^2, stable for large offsets since
+    (mean - K)^2 <= var * D / CHUNK), then y in a second sweep.
+
+Backward (``norm_backward_kernel``, P = min(row blocks, CTAS_PER_SM * SMs) CTAs)
+    CTA b takes the row blocks b, b + P, ... (a grid-stride loop). For rows of up to
+    ``ON_CHIP_BACKWARD`` (8192) columns, each row's x and dy are loaded once: the row sums of
+    g * xhat and g (one joint reduction) give dx, and each thread adds dy * xhat and dy for its
+    columns into its own slice of two float32 accumulators in shared memory (no other thread touches
+    it: no races, and the registers stay free for x and dy; a warp sync per row keeps the compiler
+    from promoting them to registers). Weight is re-read per row (an L1 hit). The row reduction's
+    shared-memory buffer alternates between two stages from row to row, so that a fast warp never
+    overwrites values a slow one still reads. At the end the CTA adds its row slots'
+    accumulators column by column, in order, and writes one row of float32 partials (P, D). A longer
+    row is swept twice for dx (row sums, then dx) and the column sums are taken chunk by chunk over
+    the CTA's rows, in registers, as triton does (x and dy are then read three times).
+    ``column_sum_kernel`` adds the P partials of each column in a fixed order and rounds once to the
+    parameter's dtype: a deterministic two-stage reduction, no atomics.
+
+Keys: dtype, ``plan`` (vector width, threads per row, vectors per thread, one pass or chunks, unit
+column strides) and which of weight, bias, dx, dweight, dbias exist (a missing one is compiled out);
+N, D, eps and the strides are runtime arguments. N must stay below 2^31 rows (the row blocks are
+32-bit), D below ``_rows.MAX_N``: a ``ValueError`` otherwise.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+
+from . import _compile, _reduce
+from ._rows import (MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk, masked, plan,
+                    reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views, store_chunk)
+
+ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
+STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
+STREAM_BACKWARD = 16  # ... backward (x, dy, weight, and two column sums)
+CTAS_PER_SM = 2  # backward grid: about what fits on an SM at once (64 KB of accumulators, ~128 registers)
+SUM_ROWS = 8  # column_sum_kernel: partial rows read at once (one per warp)
+
+
+# ----------------------------------------------------------------------------- device helpers
+
+def _vector(pointer, d, vec: int) -> Optional[cute.Tensor]:
+    """A contiguous (D,) parameter (weight or bias) as a tensor, None for a missing one."""
+    if const_expr(pointer is None):
+        return None
+    return cute.make_tensor(pointer, cute.make_layout((cute.assume(d, divby=vec) if const_expr(vec > 1) else d,)))
+
+
+def _param(tiled_copy, thr, mP: Optional[cute.Tensor], index, chunk: int, pred):
+    """Chunk ``index`` of the parameter ``mP`` as a float32 TensorSSA (None for a missing one)."""
+    if const_expr(mP is None):
+        return None
+    return load_chunk(tiled_copy, thr, mP, index, chunk, pred, 0.0).load().to(Float32)
+
+
+def _affine(xhat, w, b):
+    """``xhat * w + b`` (float32 TensorSSA; a missing w is 1, a missing b 0)."""
+    y = xhat
+    if const_expr(w is not None):
+        y = y * w
+    if const_expr(b is not None):
+        y = y + b
+    return y
+
+
+# ----------------------------------------------------------------------------- forward
+
+def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
+    """The forward host function (``has_w``, ``has_b``: only key the cache; they show in which pointers are None)."""
+    chunk, vpt, tpr = plan_.chunk, plan_.vpt, plan_.tpr
+
+    @cute.kernel
+    def norm_forward_kernel(mX: cute.Tensor, mW: Optional[cute.Tensor], mB: Optional[cute.Tensor], mY: cute.Tensor,
+                            mMean: Optional[cute.Tensor], mRstd: cute.Tensor, rows: Int64, D: Int32, eps: Float32,
+                            tiled_copy: cute.TiledCopy):
+        # mX, mY: (D, (N,)); mW, mB: (D,); mMean, mRstd: (N,) float32
+        buffer = reduction_buffer(plan_, 2, stages=2)
+        row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        x_row, y_row = mX[None, (row,)], mY[None, (row,)]
+        n = Int32(0)  # columns to read: none for a row past the end
+        if row < rows:
+            n = D
+        d = Float32(D)
+        mean = Float32(0.0)
+        if const_expr(plan_.one_pass):
+            pred = chunk_predicate(tXcX, n, vpt)
+            x = load_chunk(tiled_copy, thr, x_row, 0, chunk, pred, 0.0).load().to(Float32)
+            if const_expr(center):
+                (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
+                mean = total / d
+                x = masked(x - mean, pred, vpt)  # centred; 0 past the row's end
+            (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 1)
+            rstd = 1.0 / cute.math.sqrt(squares / d + eps)
+            y = _affine(x * rstd, _param(tiled_copy, thr, mW, 0, chunk, pred),
+                        _param(tiled_copy, thr, mB, 0, chunk, pred))
+            store_chunk(tiled_copy, thr, y, y_row, 0, chunk, pred)
+        else:
+            shift = Float32(0.0)
+            if const_expr(center):  # the first chunk's mean (D > CHUNK: the chunk is full)
+                x0 = load_chunk(tiled_copy, thr, x_row, 0, chunk, chunk_predicate(tXcX, n, vpt), 0.0)
+                (first,) = row_allreduce((x0.load().to(Float32).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum,
+                                         tpr, buffer, 0)
+                shift = first / chunk
+            sum1, sum2 = Float32(0.0), Float32(0.0)  # of s = x - shift and s^2, this thread's columns
+            for c in cutlass.range(cute.ceil_div(D, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                s = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                if const_expr(center):
+                    s = masked(s - shift, pred, vpt)
+                sum1 += s.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                sum2 += (s * s).reduce(cute.ReductionOp.ADD, 0.0, 0)
+            sum1, sum2 = row_allreduce((sum1, sum2), combine_sum, tpr, buffer, 1)
+            var = sum2 / d  # rms_norm: mean(x^2)
+            if const_expr(center):
+                delta = sum1 / d  # mean - shift
+                mean = shift + delta
+                var = cute.arch.fmax(var - delta * delta, Float32(0.0))
+            rstd = 1.0 / cute.math.sqrt(var + eps)
+            for c in cutlass.range(cute.ceil_div(D, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                y = _affine((x - mean) * rstd, _param(tiled_copy, thr, mW, c, chunk, pred),
+                            _param(tiled_copy, thr, mB, c, chunk, pred))
+                store_chunk(tiled_copy, thr, y, y_row, c, chunk, pred)
+        if lane == 0:
+            if row < rows:
+                if const_expr(center):
+                    mMean[row] = mean
+                mRstd[row] = rstd
+
+    @cute.jit
+    def norm_forward_host(stream: cuda.CUstream, pX: cute.Pointer, pW: Optional[cute.Pointer],
+                          pB: Optional[cute.Pointer], pY: cute.Pointer, pMean: Optional[cute.Pointer],
+                          pRstd: cute.Pointer, rows: Int64, D: Int32, eps: Float32, *args):
+        (mX, mY), _ = row_views((pX, pY), D, 1, plan_, args)
+        mMean = None
+        if const_expr(center):
+            mMean = cute.make_tensor(pMean, cute.make_layout((rows,)))
+        mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
+        norm_forward_kernel(mX, _vector(pW, D, plan_.vec), _vector(pB, D, plan_.vec), mY, mMean, mRstd, rows, D, eps,
+                            row_copy(dtype, plan_)).launch(
+            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return norm_forward_host
+
+
+# ----------------------------------------------------------------------------- backward
+
+def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool, has_dw: bool, has_db: bool):
+    """The backward host function; the flags say which of weight, dx, dweight, dbias exist."""
+    chunk, vpt, tpr, slots = plan_.chunk, plan_.vpt, plan_.tpr, plan_.rows
+    sums = 2 if center else 1  # row sums dx needs: g * xhat (and g)
+
+    @cute.jit
+    def row_stats(mMean: Optional[cute.Tensor], mRstd: cute.Tensor, row, rows):
+        """``(mean, rstd)`` of ``row``; (0, 0) past the end, so that xhat is 0 there."""
+        mean, rstd = Float32(0.0), Float32(0.0)
+        if row < rows:
+            rstd = mRstd[row]
+            if const_expr(center):
+                mean = mMean[row]
+        return mean, rstd
+
+    def grad_terms(dy, w):
+        """g = dy * w of one chunk (float32 TensorSSA; a missing w is 1)."""
+        return dy if const_expr(w is None) else dy * w
+
+    def row_grad(xhat, g, totals, d):
+        """dx / rstd = g - xhat mean(g xhat) - mean(g) from the row sums ``totals``."""
+        dxhat = g - xhat * (totals[0] / d)
+        if const_expr(center):
+            dxhat = dxhat - totals[1] / d
+        return dxhat
+
+    def row_sums(xhat, g) -> tuple:
+        part = ((g * xhat).reduce(cute.ReductionOp.ADD, 0.0, 0),)
+        if const_expr(center):
+            part = (*part, g.reduce(cute.ReductionOp.ADD, 0.0, 0))
+        return part
+
+    @cute.kernel
+    def norm_backward_kernel(mdY: cute.Tensor, mX: cute.Tensor, mW: Optional[cute.Tensor], mMean: Optional[cute.Tensor],
+                             mRstd: cute.Tensor, mdX: Optional[cute.Tensor], mdW: Optional[cute.Tensor],
+                             mdB: Optional[cute.Tensor], rows: Int64, D: Int32, tiled_copy: cute.TiledCopy):
+        # mdY, mX, mdX: (D, (N,)); mW: (D,); mMean, mRstd: (N,) float32; mdW, mdB: (P, D) float32 partials
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
+        buffer = reduction_buffer(plan_, sums, stages=2)
+        smem = cutlass.memory.SmemAllocator()
+        accumulators = (has_dw, has_db)
+        sAcc = [None, None]  # (slots, CHUNK) float32 column sums of dy * xhat and dy, one slot per row of the CTA
+        if const_expr(plan_.one_pass):
+            for k in cutlass.range_constexpr(2):
+                if const_expr(accumulators[k]):
+                    sAcc[k] = smem.allocate_tensor(Float32, cute.make_ordered_layout((slots, chunk), order=(1, 0)),
+                                                   byte_alignment=16)
+        first_row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        slot = tidx // tpr
+        blocks = Int32(cute.ceil_div(rows, slots))  # blocks of `slots` consecutive rows (< 2^31: checked on the host)
+        d = Float32(D)
+        if const_expr(plan_.one_pass):
+            tAcc = [None, None]  # this thread's slices of the accumulators, ((VEC, 1), VPT)
+            for k in cutlass.range_constexpr(2):
+                if const_expr(accumulators[k]):
+                    tAcc[k] = thr.partition_D(sAcc[k][slot, None])
+                    tAcc[k].fill(0.0)
+            for block in cutlass.range(bidx, blocks, ctas, unroll=1):
+                row = Int64(block) * slots + slot
+                n = Int32(0)
+                if row < rows:
+                    n = D
+                pred = chunk_predicate(tXcX, n, vpt)
+                mean, rstd = row_stats(mMean, mRstd, row, rows)
+                x = load_chunk(tiled_copy, thr, mX[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
+                dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
+                xhat = (x - mean) * rstd
+                # the column sums first: dy is dead before the row reduction. (The warp sync keeps the
+                # compiler from promoting the accumulators to registers across rows: they stay in smem.)
+                cute.arch.sync_warp()
+                if const_expr(has_dw):
+                    tAcc[0].store(tAcc[0].load() + dy * xhat)
+                if const_expr(has_db):
+                    tAcc[1].store(tAcc[1].load() + dy)
+                if const_expr(has_dx):
+                    # the weight is re-read for every row (an L1 hit) rather than held in registers
+                    g = grad_terms(dy, _param(tiled_copy, thr, mW, 0, chunk, pred))
+                    stage = ((block - bidx) // ctas) % 2  # alternate buffers: see row_allreduce
+                    totals = row_allreduce(row_sums(xhat, g), combine_sum, tpr, buffer, stage)
+                    store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], 0, chunk,
+                                pred)
+            # the CTA's row slots added column by column, in order: one row of partials
+            cute.arch.barrier()
+            for k in cutlass.range_constexpr(2):
+                if const_expr(accumulators[k]):
+                    partials = (mdW, mdB)[k]
+                    for col in cutlass.range(tidx, D, THREADS, unroll=1):
+                        total = Float32(0.0)
+                        for s in cutlass.range(slots, unroll=8):
+                            total += sAcc[k][s, col]
+                        partials[bidx, col] = total
+        else:  # rows of more than ON_CHIP_BACKWARD columns: one row at a time (slots == 1)
+            chunks = cute.ceil_div(D, chunk)
+            if const_expr(has_dx):
+                for block in cutlass.range(bidx, blocks, ctas, unroll=1):
+                    row = Int64(block)
+                    x_row, dy_row = mX[None, (row,)], mdY[None, (row,)]
+                    mean, rstd = row_stats(mMean, mRstd, row, rows)
+                    part = (Float32(0.0),) * sums
+                    for c in cutlass.range(chunks, unroll=1):  # sweep 1: the row sums
+                        pred = chunk_predicate(tXcX, D - c * chunk, vpt)
+                        x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                        dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
+                        xhat, g = (x - mean) * rstd, grad_terms(dy, _param(tiled_copy, thr, mW, c, chunk, pred))
+                        part = combine_sum(part, row_sums(xhat, g))
+                    stage = ((block - bidx) // ctas) % 2
+                    totals = row_allreduce(part, combine_sum, tpr, buffer, stage)
+                    for c in cutlass.range(chunks, unroll=1):  # sweep 2: dx
+                        pred = chunk_predicate(tXcX, D - c * chunk, vpt)
+                        x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                        dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
+                        xhat, g = (x - mean) * rstd, grad_terms(dy, _param(tiled_copy, thr, mW, c, chunk, pred))
+                        store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], c,
+                                    chunk, pred)
+            if const_expr(has_dw or has_db):
+                for c in cutlass.range(chunks, unroll=1):  # the column sums, chunk by chunk
+                    pred = chunk_predicate(tXcX, D - c * chunk, vpt)
+                    acc_w = cute.make_rmem_tensor(tXcX.shape, Float32)  # ((VEC, 1), VPT), like the fragments
+                    acc_b = cute.make_rmem_tensor(tXcX.shape, Float32)
+                    acc_w.fill(0.0)
+                    acc_b.fill(0.0)
+                    for block in cutlass.range(bidx, blocks, ctas, unroll=1):
+                        row = Int64(block)
+                        mean, rstd = row_stats(mMean, mRstd, row, rows)
+                        x = load_chunk(tiled_copy, thr, mX[None, (row,)], c, chunk, pred, 0.0).load().to(Float32)
+                        dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], c, chunk, pred, 0.0).load().to(Float32)
+                        if const_expr(has_dw):
+                            acc_w.store(acc_w.load() + dy * ((x - mean) * rstd))
+                        if const_expr(has_db):
+                            acc_b.store(acc_b.load() + dy)
+                    for k in cutlass.range_constexpr(2):
+                        if const_expr(accumulators[k]):
+                            _store_partials((acc_w, acc_b)[k], (mdW, mdB)[k], bidx, c * chunk, D, tXcX)
+
+    @cute.jit
+    def norm_backward_host(stream: cuda.CUstream, pdY: cute.Pointer, pX: cute.Pointer, pW: Optional[cute.Pointer],
+                           pMean: Optional[cute.Pointer], pRstd: cute.Pointer, pdX: Optional[cute.Pointer],
+                           pdW: Optional[cute.Pointer], pdB: Optional[cute.Pointer], rows: Int64, D: Int32,
+                           ctas: Int32, *args):
+        views, _ = row_views(tuple(p for p in (pdY, pX, pdX) if p is not None), D, 1, plan_, args)
+        mdY, mX, mdX = views[0], views[1], views[2] if const_expr(has_dx) else None
+        mMean = None
+        if const_expr(center):
+            mMean = cute.make_tensor(pMean, cute.make_layout((rows,)))
+        mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
+        partials = cute.make_layout((ctas, D), stride=(Int64(D), 1))
+        mdW = cute.make_tensor(pdW, partials) if const_expr(has_dw) else None
+        mdB = cute.make_tensor(pdB, partials) if const_expr(has_db) else None
+        norm_backward_kernel(mdY, mX, _vector(pW, D, plan_.vec), mMean, mRstd, mdX, mdW, mdB, rows, D,
+                             row_copy(dtype, plan_)).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return norm_backward_host
+
+
+@cute.jit
+def _store_partials(acc: cute.Tensor, mPartials: cute.Tensor, cta, start, D: Int32, tXcX: cute.Tensor):
+    """Write a thread's column sums ``acc`` (its values of the chunk that starts at column ``start``)
+    into row ``cta`` of the partials, the columns below D only."""
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        col = start + tXcX[i][0]
+        if col < D:
+            mPartials[cta, col] = acc[i]
+
+
+def _column_sum_factory(dtype, vec: int):
+    """out[j] = sum_p partials[p, j] in order, rounded to ``dtype``; ``vec`` float32 columns per access."""
+    tile = (SUM_ROWS, _reduce.WARP * vec)  # (partial rows, columns) read at once: a warp per row
+    warps = THREADS // _reduce.WARP
+
+    @cute.kernel
+    def column_sum_kernel(mP: cute.Tensor, mOut: cute.Tensor, tiled_copy: cute.TiledCopy):
+        # mP: (P, D) float32; mOut: (D,). CTA b: columns [b * 32 VEC, (b + 1) * 32 VEC)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        P, D = mP.shape
+        thr = tiled_copy.get_slice(tidx)
+        cP = cute.make_identity_tensor((P, D))
+        acc = cute.make_rmem_tensor(cute.make_layout(((vec, 1), 1, 1)), Float32)
+        acc.fill(0.0)
+        for k in cutlass.range(cute.ceil_div(P, SUM_ROWS), unroll=1):
+            tPgP = thr.partition_S(cute.local_tile(mP, tile, (k, bidx)))  # ((VEC, 1), 1, 1)
+            tPcP = thr.partition_S(cute.local_tile(cP, tile, (k, bidx)))
+            rP = cute.make_rmem_tensor_like(tPgP)
+            rP.fill(0.0)
+            cute.copy(tiled_copy, tPgP, rP, pred=_reduce.predicate(tPcP, (P, D)))
+            acc.store(acc.load() + rP.load())
+        # the warps' sums of the same columns meet in shared memory; warp 0 adds them in order
+        smem = cutlass.memory.SmemAllocator()
+        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout(tile, order=(1, 0)), byte_alignment=16)
+        warp, lane = tidx // _reduce.WARP, tidx % _reduce.WARP
+        for v in cutlass.range_constexpr(vec):
+            sAcc[warp, lane * vec + v] = acc[v]
+        cute.arch.barrier()
+        if warp == 0:
+            for v in cutlass.range_constexpr(vec):
+                col = bidx * tile[1] + lane * vec + v
+                if col < D:
+                    total = Float32(0.0)
+                    for w in cutlass.range_constexpr(warps):
+                        total += sAcc[w, lane * vec + v]
+                    mOut[col] = total.to(mOut.element_type)
+
+    @cute.jit
+    def column_sum_host(stream: cuda.CUstream, pP: cute.Pointer, pOut: cute.Pointer, P: Int32, D: Int32):
+        if const_expr(vec > 1):
+            mP = cute.make_tensor(pP, cute.make_layout((P, cute.assume(D, divby=vec)),
+                                                       stride=(cute.assume(Int64(D), divby=vec), 1)))
+        else:
+            mP = cute.make_tensor(pP, cute.make_layout((P, D), stride=(Int64(D), 1)))
+        mOut = cute.make_tensor(pOut, cute.make_layout((D,)))
+        threads = cute.make_ordered_layout((warps, _reduce.WARP), order=(1, 0))  # warp w: partial row w of a tile
+        tiled_copy = cute.make_tiled_copy_tv(_reduce.copy_atom(Float32, vec), threads, cute.make_layout((1, vec)))
+        column_sum_kernel(mP, mOut, tiled_copy).launch(
+            grid=[cute.ceil_div(D, tile[1]), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return column_sum_host
+
+
+# ----------------------------------------------------------------------------- host
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed
+    x), else a copy (the one documented copy, as in triton; the kernels take both strides)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _dense(t):
+    return None if t is None else t.contiguous()
+
+
+def _rows(op, row_tensors, params, max_one_pass, stream):
+    """``(vec, plan, args)`` for (N, D) ``row_tensors`` (x first) and (D,) ``params`` (None allowed)."""
+    n, d = row_tensors[0].shape
+    check_sizes(op, "x", row_tensors[0], d, n)
+    row_strides = [(t.stride(0) if n > 1 else 0,) for t in row_tensors]
+    col_strides = [t.stride(1) if d > 1 else 1 for t in row_tensors]
+    present = [t for t in (*row_tensors, *params) if t is not None]
+    vec = 1
+    if all(c == 1 for c in col_strides):
+        vec = _reduce.vector_width(row_tensors[0].element_size(), [t.data_ptr() for t in present],
+                                   [d, *(s for (s,) in row_strides)])
+    return vec, plan(d, vec, col_strides, max_one_pass, stream), row_arguments((n,), row_strides, col_strides)
+
+
+def norm_forward(x, weight, bias, eps, center):
+    """``(y, x2, mean, rstd)``: y like x (contiguous); x2 = ``rows_of(x)``; mean (None unless
+    ``center``) and rstd (N,) float32. weight and bias are (D,) or None (a strided one is copied)."""
+    op = "layer_norm" if center else "rms_norm"
+    x2 = rows_of(x)
+    n, d = x2.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(n, dtype=torch.float32, device=x.device) if center else None
+    rstd = torch.empty(n, dtype=torch.float32, device=x.device)
+    if n and d:
+        weight, bias = _dense(weight), _dense(bias)
+        y2 = y.view(n, d)
+        vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
+        pointer, size = _compile.pointer, x.element_size()
+        _compile.launch(_norm_forward_factory, (center, _compile.DTYPES[x.dtype], plan_, weight is not None,
+                                                bias is not None),
+                        _compile.stream(x.device), pointer(x2, vec * size),
+                        None if weight is None else pointer(weight, vec * size),
+                        None if bias is None else pointer(bias, vec * size), pointer(y2, vec * size),
+                        None if mean is None else pointer(mean, 4), pointer(rstd, 4), n, d, float(eps), *args)
+    elif n:  # rows of no columns: the mean of nothing is NaN, as in torch
+        rstd.fill_(float("nan"))
+        if mean is not None:
+            mean.fill_(float("nan"))
+    return y, x2, mean, rstd
+
+
+def norm_backward(dout, x2, weight, mean, rstd, needs):
+    """``(dx, dweight, dbias)`` (None where ``needs`` says no); dout is shaped like x; x2 (N, D) and
+    mean (None for rms_norm), rstd come from ``norm_forward``."""
+    n, d = x2.shape
+    device, dtype = x2.device, x2.dtype
+    dx = torch.empty(dout.shape, dtype=dtype, device=device) if needs[0] else None
+    if n == 0 or d == 0:  # nothing to reduce: the parameter gradients are 0
+        return dx, *(torch.zeros(d, dtype=dtype, device=device) if need else None for need in needs[1:])
+    weight = _dense(weight)
+    dy2 = rows_of(dout)
+    row_tensors = (dy2, x2) + ((dx.view(n, d),) if dx is not None else ())
+    vec, plan_, args = _rows(op_name(mean), row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
+    ctas = max(1, min(-(-n // plan_.rows), CTAS_PER_SM * _reduce.sm_count(device)))
+    dw = torch.empty(ctas, d, dtype=torch.float32, device=device) if needs[1] else None
+    db = torch.empty(ctas, d, dtype=torch.float32, device=device) if needs[2] else None
+    pointer, size = _compile.pointer, x2.element_size()
+    _compile.launch(_norm_backward_factory,
+                    (mean is not None, _compile.DTYPES[dtype], plan_, weight is not None, dx is not None,
+                     dw is not None, db is not None),
+                    _compile.stream(device), pointer(dy2, vec * size), pointer(x2, vec * size),
+                    None if weight is None else pointer(weight, vec * size), None if mean is None else pointer(mean, 4),
+                    pointer(rstd, 4), None if dx is None else pointer(dx, vec * size),
+                    None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4), n, d, ctas, *args)
+    return dx, _column_sum(dw, dtype), _column_sum(db, dtype)
+
+
+def op_name(mean) -> str:
+    return "rms_norm" if mean is None else "layer_norm"
+
+
+def _column_sum(partials, dtype):
+    """The (D,) column sums of float32 ``partials`` (P, D), rounded to ``dtype`` (None for None)."""
+    if partials is None:
+        return None
+    p, d = partials.shape
+    out = torch.empty(d, dtype=dtype, device=partials.device)
+    vec = _reduce.vector_width(4, (partials.data_ptr(),), (d,))
+    _compile.launch(_column_sum_factory, (_compile.DTYPES[dtype], vec), _compile.stream(partials.device),
+                    _compile.pointer(partials, 4 * vec), _compile.pointer(out, out.element_size()), p, d)
+    return out

@@ -1,0 +1,518 @@
+"""What softmax, log_softmax and cross_entropy share on the CuTe DSL: the rows of an n-D tensor, the
+threads over a row, the online logsumexp, the row reductions, and the softmax and log_softmax
+kernels themselves (forward and backward; a ``log`` flag picks the formula).
+
+Math (one row x of N elements, m = max_j x_j, s = sum_j exp(x_j - m), all in float32):
+
+    softmax      y = exp(x - m) / s                 dx = y (dy - sum_j dy_j y_j)
+    log_softmax  y = (x - m) - log s                dx = dy - exp(y) sum_j dy_j
+
+FLOPs ~5 per element forward, 3-4 backward. Bytes, itemsize b: forward 2Nb per row (read x, write
+y), backward 3Nb (read y and dy, write dx) for rows kept on chip; a longer row is read twice
+(3Nb forward, 5Nb backward). Memory bound: the kernels aim at copy bandwidth.
+
+Rows
+----
+A softmax along ``dim`` normalises every 1-D fibre in which ``dim`` varies. As in the triton
+backend (``_softmax.launch_rows``) the other dims, merged by ``_layout.strided_layout`` jointly for
+every operand (at most 4 after merging), number the rows; nothing is copied but a view of 6+ dims
+that do not merge (``.contiguous()``, as triton does). Each operand becomes one CuTe tensor
+
+    (N, (r_{k-1}, ..., r_0)) : (stride(dim), (d_{k-1}, ..., d_0))     the row dims innermost first
+
+so ``tensor[None, coordinate(row)]`` is row ``row`` as an (N,) tensor: its start is a dot product of
+the row's coordinate (a div/mod per merged dim, 64-bit) with the operand's strides, and the column
+stride is the operand's own -- a transposed, sliced or expanded view is read in place. A unit
+column stride is compiled in (``Plan.units``), any other is a runtime argument.
+
+Threads over a row (``plan``)
+-----------------------------
+A CTA of 256 threads is ``ROWS = 256 / TPR`` rows of ``TPR`` threads (a power of two). A row is
+swept in chunks of ``CHUNK = TPR * VPT * VEC`` columns: a 1-D TiledCopy of TPR threads by VEC
+values gives the thread of lane ``k`` in its row the VPT vectors at columns ``k VEC + j TPR VEC``,
+j < VPT, so a warp's j-th accesses cover 32 consecutive vectors (512 bytes at 16-byte vectors: fully
+coalesced). TPR grows with N so that a thread holds about ``VALUES = 32`` elements (all 256 threads
+on one row past N = 4096); short rows put many rows in a CTA (TPR = 1: a row per thread). With
+scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds about 16.
+
+- N <= ``MAX_ONE_PASS`` (16384; 8192 with scalar accesses): one chunk covers the row (VPT rounded
+  up to a power of two, at most 64 elements per thread); the row is read once and kept in
+  registers (2Nb forward, 3Nb backward).
+- longer rows: TPR = 256, chunks of ``STREAM_VALUES = 64`` elements per thread (16 with scalar
+  accesses), and the row is swept twice: first an online logsumexp (forward) or the row sum
+  (backward), then the output.
+- rows adjacent in memory whose columns are strided (a softmax along dim 0 of a contiguous
+  matrix, a transposed logits): ``Plan.across`` puts 32 rows in a CTA with a row's 8 threads 32
+  apart, so a warp reads 32 neighbouring rows at each column (coalesced); the row's values meet in
+  shared memory (``across_allreduce``).
+
+Keys: the dtype, the number of merged row dims, the ``Plan`` (VEC, TPR, VPT, one pass or two, which
+operands have a unit column stride) and the log flag; M, N and every stride are runtime arguments.
+
+``VEC`` is 16 bytes' worth of elements when every operand has a unit column stride, its rows start
+16-byte aligned (base address and row strides) and N is a multiple of VEC; else 8, 4 bytes, or
+single elements (any strides). The kernel learns the divisibility through ``cute.assume``.
+
+Reductions (``row_allreduce``)
+------------------------------
+A row's TPR threads combine their partial results with butterfly shuffles inside the warp (every
+lane ends with the row's result); with TPR > 32 the warps of a row then meet in shared memory: lane
+0 of each warp writes, one barrier, each lane reads the row's warp ``lane % W`` (W warps per row)
+and a butterfly over W lanes finishes. The order of the operations depends only on thread ids: the
+same bits on every run.
+
+Online logsumexp: a thread's partial is the pair (m, s) with s = sum exp(x - m) over its elements;
+two pairs combine as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m), and across chunks the
+running sum is rescaled the same way when the max rises (one exp per element). Where m = -inf (all
+-inf so far) the shift is 0 instead, so no -inf - -inf is formed; a row of -inf ends with m = -inf,
+s = 0 and a NaN softmax, as in torch. Exponentials are ``exp2((x - m) * log2 e)`` (ex2.approx,
+relative error ~2^-22), with x - m formed first so that logits of +-1e4 lose nothing.
+
+In the one-pass forward the exponentials stay in registers: y = exp(x - m_t) * (exp(m_t - m) / s)
+with m_t the thread's own max: one exp per element (plus one per thread).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+
+from .._layout import strided_layout
+from . import _compile, _reduce
+from ._elementwise import coordinate
+
+THREADS = 256  # threads per CTA
+VALUES = 32  # elements a thread holds of a row kept in registers (twice that at most)
+STREAM_VALUES = 64  # elements a thread loads per chunk of a row swept in a loop (not kept)
+MAX_ONE_PASS = 16384  # the longest row kept in registers: 64 elements per thread at 256 threads
+MAX_N = 2**31 - 2**24  # row lengths (and column indices) are 32-bit
+ACROSS_ROWS = 32  # rows per CTA when a row's threads are spread across warps (Plan.across)
+LOG2E = math.log2(math.e)
+NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------- host: rows and plans
+
+class Plan(NamedTuple):
+    """How a CTA covers rows of N elements (see the module doc); every field is compiled in."""
+
+    vec: int  # elements per access
+    tpr: int  # threads per row, a power of two <= THREADS
+    vpt: int  # vectors per thread per chunk, a power of two
+    one_pass: bool  # one chunk covers the row: it is read once and kept in registers
+    units: tuple = ()  # per operand: its column stride is 1 (a compile-time 1, the others are runtime)
+    across: bool = False  # a row's threads are ROWS apart (consecutive threads on consecutive rows)
+
+    @property
+    def rows(self) -> int:  # rows per CTA
+        return THREADS // self.tpr
+
+    @property
+    def chunk(self) -> int:  # columns per chunk
+        return self.tpr * self.vpt * self.vec
+
+
+def plan(n: int, vec: int, col_strides, max_one_pass: int = MAX_ONE_PASS, stream: int = STREAM_VALUES,
+         across: bool = False) -> Plan:
+    """The plan for rows of ``n`` elements read ``vec`` at a time, of operands with ``col_strides``:
+    up to ``max_one_pass`` one chunk covers the row (about ``VALUES`` elements per thread, fewer than
+    ``2 VALUES``, and never more than 32 when ``max_one_pass <= 256 * 32``), else 256 threads a row
+    and chunks of ``stream`` elements per thread. With scalar accesses (vec 1) about 16 elements per
+    thread (kept or per chunk), and rows of more than 8192 are swept. ``across`` (rows adjacent in
+    memory, columns strided: a softmax along a dim of non-unit stride): rows that would take more
+    than one thread get ``ACROSS_ROWS`` rows per CTA with their threads ``ACROSS_ROWS`` apart, so that
+    a warp reads 32 neighbouring rows at each column (coalesced)."""
+    vectors = -(-n // vec)
+    units = tuple(c == 1 for c in col_strides)
+    values = VALUES
+    if vec == 1:  # scalar accesses cost a 64-bit address and a predicate per element: fewer of them
+        values, stream, max_one_pass = VALUES // 2, VALUES // 2, min(max_one_pass, THREADS * VALUES)
+    tpr = min(THREADS, _reduce.pow2_at_least(-(-n // values)), _reduce.pow2_at_least(vectors))
+    if across and vec == 1 and tpr > 1:
+        tpr = THREADS // ACROSS_ROWS
+        if n <= tpr * values:  # up to 128: one pass, at most 16 elements per thread
+            return Plan(1, tpr, _reduce.pow2_at_least(-(-n // tpr)), True, units, True)
+        return Plan(1, tpr, stream, False, units, True)
+    if n <= max_one_pass:
+        return Plan(vec, tpr, _reduce.pow2_at_least(-(-vectors // tpr)), True, units)
+    return Plan(vec, THREADS, max(1, stream // vec), False, units)
+
+
+def row_vector_width(tensors, n: int, row_strides, col_strides) -> int:
+    """The widest access every operand allows along its rows: unit column strides, 16-byte aligned
+    bases, n and every row stride multiples of the vector (so every row starts aligned)."""
+    if any(c != 1 for c in col_strides):
+        return 1
+    counts = [n, *(d for s in row_strides for d in s)]
+    return _reduce.vector_width(tensors[0].element_size(), [t.data_ptr() for t in tensors], counts)
+
+
+def check_sizes(op: str, name: str, t: torch.Tensor, n: int, rows: int) -> None:
+    """A ``ValueError`` naming op, argument and shape where the kernels' 32-bit indices do not reach:
+    rows of ``MAX_N`` elements or more, or ``2^31`` rows or more (the grid and the row blocks)."""
+    if n >= MAX_N or rows >= 2**31:
+        raise ValueError(f"{op}: {name} is {tuple(t.shape)}, {rows} rows of {n}; the cute kernels take rows "
+                         f"of fewer than {MAX_N} elements and fewer than 2^31 rows (32-bit indices)")
+
+
+def row_arguments(row_shape, row_strides, col_strides) -> list:
+    """The runtime arguments describing the operands' rows, as ``row_views`` takes them: the row
+    shape, then per operand its row strides and its column stride unless it is 1 (``Plan.units``)."""
+    args = list(row_shape)
+    for strides, col in zip(row_strides, col_strides):
+        args += strides
+        if col != 1:
+            args.append(col)
+    return args
+
+
+# ----------------------------------------------------------------------------- device: rows
+
+def row_views(pointers, n, rank: int, plan_: Plan, args) -> tuple[list, list]:
+    """``(views, sizes)``: each pointer as an ``(N, (row dims))`` tensor (see the module doc), and the
+    row index space's extents but the outermost, innermost first, for ``coordinate``. ``args`` is
+    ``row_arguments``'s list; a unit column stride (``plan_.units``) is a compile-time 1."""
+    vec = plan_.vec
+    shape, args = args[:rank], args[rank:]
+    views = []
+    for pointer, unit in zip(pointers, plan_.units):
+        strides, args = args[:rank], args[rank:]
+        col, n_cols = 1, n
+        if const_expr(vec > 1):
+            strides = [cute.assume(d, divby=vec) for d in strides]
+            n_cols = cute.assume(n, divby=vec)
+        if const_expr(not unit):
+            col, args = args[0], args[1:]
+        layout = cute.make_layout((n_cols, tuple(reversed(shape))), stride=(col, tuple(reversed(strides))))
+        views.append(cute.make_tensor(pointer, layout))
+    return views, list(reversed(shape[1:]))
+
+
+def row_copy(dtype, plan_: Plan) -> cute.TiledCopy:
+    """The TiledCopy of one row's TPR threads: VEC consecutive elements per access (see the module doc)."""
+    return cute.make_tiled_copy_tv(_reduce.copy_atom(dtype, plan_.vec), cute.make_layout(plan_.tpr),
+                                   cute.make_layout(plan_.vec))
+
+
+def reduction_buffer(plan_: Plan, values: int, stages: int = 1):
+    """Shared memory for ``row_allreduce`` across warps: (stages, warps, values) float32, or for a plan
+    ``across`` (TPR, ROWS, values); None when a row fits in a warp. Call before any branch."""
+    if const_expr(plan_.tpr <= _reduce.WARP and not plan_.across):
+        return None
+    smem = cutlass.memory.SmemAllocator()
+    shape = (plan_.tpr, plan_.rows, values) if const_expr(plan_.across) else (stages, THREADS // _reduce.WARP, values)
+    return smem.allocate_tensor(Float32, cute.make_ordered_layout(shape, order=(2, 1, 0)), byte_alignment=16)
+
+
+def chunk_predicate(tXcX: cute.Tensor, limit, vpt: cutlass.Constexpr[int]) -> cute.Tensor:
+    """One flag per vector of a thread's chunk: its first column (``tXcX``, chunk-local) is below
+    ``limit`` (the columns left in the row; 0 or less for a row past the end)."""
+    pred = cute.make_rmem_tensor((1, vpt), cutlass.Boolean)
+    for j in range(vpt):  # unrolled while tracing
+        pred[0, j] = tXcX[(0, 0), j][0] < limit
+    return pred
+
+
+def load_chunk(tiled_copy: cute.TiledCopy, thr, row: cute.Tensor, index, chunk: cutlass.Constexpr[int],
+               pred: cute.Tensor, fill) -> cute.Tensor:
+    """Chunk ``index`` of ``row`` into registers, ``((VEC, 1), VPT)``; vectors off ``pred`` hold ``fill``."""
+    tXgX = thr.partition_S(cute.local_tile(row, (chunk,), (index,)))
+    rX = cute.make_rmem_tensor_like(tXgX)
+    rX.fill(fill)
+    cute.copy(tiled_copy, tXgX, rX, pred=pred)
+    return rX
+
+
+def store_chunk(tiled_copy: cute.TiledCopy, thr, values, row: cute.Tensor, index, chunk: cutlass.Constexpr[int],
+                pred: cute.Tensor):
+    """Round the float32 ``values`` (a TensorSSA shaped like a chunk fragment) to ``row``'s dtype and
+    store the vectors on ``pred`` into chunk ``index`` of ``row``."""
+    tYgY = thr.partition_D(cute.local_tile(row, (chunk,), (index,)))
+    rY = cute.make_rmem_tensor_like(tYgY)
+    rY.store(values.to(row.element_type))
+    cute.copy(tiled_copy, rY, tYgY, pred=pred)
+
+
+@cute.jit
+def masked(values, pred: cute.Tensor, vpt: cutlass.Constexpr[int]):
+    """``values`` (a float32 TensorSSA shaped like a chunk fragment) with the vectors off ``pred`` set to 0."""
+    frag = cute.make_rmem_tensor(values.shape, Float32)
+    frag.store(values)
+    for j in cutlass.range_constexpr(vpt):
+        if not pred[0, j]:
+            frag[None, j].fill(0.0)
+    return frag.load()
+
+
+@cute.jit
+def shift_of(m: Float32) -> Float32:
+    """The shift for exponentials relative to a max ``m``: m itself, or 0 where m = -inf (no -inf - -inf)."""
+    shift = m
+    if m == Float32(NEG_INF):
+        shift = Float32(0.0)
+    return shift
+
+
+@cute.jit
+def exp2f(x):
+    """2^x, ex2.approx (scalar or TensorSSA)."""
+    return cute.math.exp2(x, fastmath=True)
+
+
+@cute.jit
+def combine_lse(a: tuple, b: tuple) -> tuple:
+    """Two (max, sum of exp(x - max)) pairs as one."""
+    m = cute.arch.fmax(a[0], b[0])
+    shift = shift_of(m)
+    return m, a[1] * exp2f((a[0] - shift) * LOG2E) + b[1] * exp2f((b[0] - shift) * LOG2E)
+
+
+@cute.jit
+def combine_sum(a: tuple, b: tuple) -> tuple:
+    """Elementwise sums of two tuples."""
+    return tuple(x + y for x, y in zip(a, b))
+
+
+@cute.jit
+def chunk_lse(x) -> tuple:
+    """``(m, s, e)`` of a float32 TensorSSA: its max, the sum of e = exp(x - shift_of(m)), and e."""
+    m = x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0)
+    e = exp2f((x - shift_of(m)) * LOG2E)
+    return m, e.reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0), e
+
+
+@cute.jit
+def online_lse(state: tuple, x) -> tuple:
+    """The running (m, s) after one more chunk ``x`` (float32 TensorSSA; -inf where masked)."""
+    m_new = cute.arch.fmax(state[0], x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0))
+    shift = shift_of(m_new)
+    s = state[1] * exp2f((state[0] - shift) * LOG2E) \
+        + exp2f((x - shift) * LOG2E).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+    return m_new, s
+
+
+@cute.jit
+def row_allreduce(vals: tuple, combine: cutlass.Constexpr, tpr: cutlass.Constexpr[int], buffer, stage=0) -> tuple:
+    """``vals`` (a tuple of Float32) combined over the ``tpr`` threads of each row (consecutive
+    threads, a power of two), returned to all of them; see the module doc. With ``tpr`` > 32 every
+    thread of the CTA must call it (a barrier); ``buffer[stage]`` must not be in use by another
+    call that a warp may still be reading (alternate stages in a loop)."""
+    width = min(tpr, _reduce.WARP)
+    for level in cutlass.range_constexpr(int(math.log2(width))):
+        offset = width >> (level + 1)
+        vals = combine(vals, tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in vals))
+    if const_expr(tpr > _reduce.WARP):
+        warps = tpr // _reduce.WARP  # warps per row
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        if lane == 0:
+            for k in cutlass.range_constexpr(len(vals)):
+                buffer[stage, warp, k] = vals[k]
+        cute.arch.barrier()
+        source = warp - warp % warps + lane % warps  # lanes l and l + W read the same warp's values
+        vals = tuple(buffer[stage, source, k] for k in range(len(vals)))
+        for level in cutlass.range_constexpr(int(math.log2(warps))):
+            offset = warps >> (level + 1)
+            vals = combine(vals, tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in vals))
+    return vals
+
+
+@cute.jit
+def across_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, buffer) -> tuple:
+    """``row_allreduce`` for a plan ``across``: thread ``lane * ROWS + slot`` holds lane ``lane`` of
+    row slot ``slot``; every thread writes its values, one barrier, and each thread combines its row's
+    TPR values in lane order (the same order, so the same bits, in all of them)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    slot, lane = tidx % plan_.rows, tidx // plan_.rows
+    for k in cutlass.range_constexpr(len(vals)):
+        buffer[lane, slot, k] = vals[k]
+    cute.arch.barrier()
+    out = tuple(buffer[0, slot, k] for k in range(len(vals)))
+    for other in cutlass.range_constexpr(1, plan_.tpr):
+        out = combine(out, tuple(buffer[other, slot, k] for k in range(len(vals))))
+    return out
+
+
+def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer) -> tuple:
+    """``vals`` combined over the threads of each row, as ``plan_`` lays them out (every thread of the
+    CTA calls it when a row spans warps)."""
+    if const_expr(plan_.across):
+        return across_allreduce(vals, combine, plan_, buffer)
+    return row_allreduce(vals, combine, plan_.tpr, buffer)
+
+
+def row_thread(tiled_copy: cute.TiledCopy, plan_: cutlass.Constexpr):
+    """``(row, lane, thr, tXcX)`` of this thread: its row (64-bit), its lane in the row, its slice of
+    the row's TiledCopy and the chunk-local columns of its values, ``((VEC, 1), VPT)``. A row's
+    threads are consecutive, or (``plan_.across``) ROWS apart."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    lane, slot = tidx % plan_.tpr, tidx // plan_.tpr
+    if const_expr(plan_.across):
+        lane, slot = tidx // plan_.rows, tidx % plan_.rows
+    row = Int64(bidx) * plan_.rows + slot
+    thr = tiled_copy.get_slice(lane)
+    tXcX = thr.partition_S(cute.make_identity_tensor((plan_.chunk,)))
+    return row, lane, thr, tXcX
+
+
+# ----------------------------------------------------------------------------- softmax, log_softmax
+
+def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
+    """The forward host function: y = softmax(x) (``log``: log_softmax) along rows of ``rank``
+    merged row dims, as ``plan_`` covers them."""
+    chunk, vpt = plan_.chunk, plan_.vpt
+
+    @cute.kernel
+    def softmax_kernel(mX: cute.Tensor, mY: cute.Tensor, sizes: list, M: Int64, N: Int32,
+                       tiled_copy: cute.TiledCopy):
+        # mX, mY: (N, (row dims)); sizes: the row dims but the outermost, innermost first
+        buffer = reduction_buffer(plan_, 2)
+        row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        crd = coordinate(row, sizes)
+        x_row, y_row = mX[None, crd], mY[None, crd]
+        n = Int32(0)  # columns to read: none for a row past the end
+        if row < M:
+            n = N
+        if const_expr(plan_.one_pass):
+            pred = chunk_predicate(tXcX, n, vpt)
+            x = load_chunk(tiled_copy, thr, x_row, 0, chunk, pred, NEG_INF).load().to(Float32)
+            m_t, s_t, e = chunk_lse(x)
+            m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer)
+            if const_expr(log):
+                y = (x - m) - cute.math.log(s)
+            else:
+                scale = Float32(0.0)  # a thread of -inf only holds e = 0
+                if m_t != Float32(NEG_INF):
+                    scale = exp2f((m_t - m) * LOG2E)
+                y = e * (scale / s)
+            store_chunk(tiled_copy, thr, y, y_row, 0, chunk, pred)
+        else:
+            state = (Float32(NEG_INF), Float32(0.0))
+            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
+                state = online_lse(state, x)
+            m, s = rows_allreduce(state, combine_lse, plan_, buffer)
+            log_s = cute.math.log(s)
+            inv_s = 1.0 / s
+            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                if const_expr(log):
+                    y = (x - m) - log_s
+                else:
+                    y = exp2f((x - m) * LOG2E) * inv_s
+                store_chunk(tiled_copy, thr, y, y_row, c, chunk, pred)
+
+    @cute.jit
+    def softmax_host(stream: cuda.CUstream, pX: cute.Pointer, pY: cute.Pointer, M: Int64, N: Int32, *args):
+        (mX, mY), sizes = row_views((pX, pY), N, rank, plan_, args)
+        softmax_kernel(mX, mY, sizes, M, N, row_copy(dtype, plan_)).launch(
+            grid=[cute.ceil_div(M, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return softmax_host
+
+
+def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
+    """The backward host function: dx from (y, dy) for softmax (``log``: log_softmax)."""
+    chunk, vpt = plan_.chunk, plan_.vpt
+
+    @cute.jit
+    def row_term(y, dy):
+        # what the row sum adds up: dy y (softmax) or dy (log_softmax)
+        return dy if const_expr(log) else dy * y
+
+    @cute.jit
+    def grad(y, dy, total):
+        return dy - exp2f(y * LOG2E) * total if const_expr(log) else y * (dy - total)
+
+    @cute.kernel
+    def softmax_backward_kernel(mY: cute.Tensor, mdY: cute.Tensor, mdX: cute.Tensor, sizes: list, M: Int64,
+                                N: Int32, tiled_copy: cute.TiledCopy):
+        # mY, mdY, mdX: (N, (row dims)); sizes as in softmax_kernel
+        buffer = reduction_buffer(plan_, 1)
+        row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        crd = coordinate(row, sizes)
+        y_row, dy_row, dx_row = mY[None, crd], mdY[None, crd], mdX[None, crd]
+        n = Int32(0)
+        if row < M:
+            n = N
+        if const_expr(plan_.one_pass):
+            pred = chunk_predicate(tXcX, n, vpt)
+            y = load_chunk(tiled_copy, thr, y_row, 0, chunk, pred, 0.0).load().to(Float32)
+            dy = load_chunk(tiled_copy, thr, dy_row, 0, chunk, pred, 0.0).load().to(Float32)
+            part = row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
+            store_chunk(tiled_copy, thr, grad(y, dy, total), dx_row, 0, chunk, pred)
+        else:
+            part = Float32(0.0)
+            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
+                y = dy
+                if const_expr(not log):
+                    y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)
+                part += row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
+            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)
+                dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
+                store_chunk(tiled_copy, thr, grad(y, dy, total), dx_row, c, chunk, pred)
+
+    @cute.jit
+    def softmax_backward_host(stream: cuda.CUstream, pY: cute.Pointer, pdY: cute.Pointer, pdX: cute.Pointer,
+                              M: Int64, N: Int32, *args):
+        (mY, mdY, mdX), sizes = row_views((pY, pdY, pdX), N, rank, plan_, args)
+        softmax_backward_kernel(mY, mdY, mdX, sizes, M, N, row_copy(dtype, plan_)).launch(
+            grid=[cute.ceil_div(M, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return softmax_backward_host
+
+
+def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool) -> torch.Tensor:
+    """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
+    ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows)."""
+    out = torch.empty_like(inputs[0])
+    if out.numel() == 0:
+        return out
+    try:
+        row_shape, row_strides = strided_layout(op, *(t.select(dim, 0) for t in (*inputs, out)))
+    except ValueError:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
+        inputs = [t.contiguous() for t in inputs]
+        out = torch.empty_like(inputs[0])
+        row_shape, row_strides = strided_layout(op, *(t.select(dim, 0) for t in (*inputs, out)))
+    tensors = (*inputs, out)
+    M, N = out.numel() // out.shape[dim], out.shape[dim]
+    check_sizes(op, "x", inputs[0], N, M)
+    if M == 1:  # a single row: its row stride is never used (strided_layout reports 1), so no constraint
+        row_strides = [(0,)] * len(tensors)
+    col_strides = [t.stride(dim) if N > 1 else 1 for t in tensors]  # the stride of a dim of size 1 is never used
+    vec = row_vector_width(tensors, N, row_strides, col_strides)
+    # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
+    across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
+    plan_ = plan(N, vec, col_strides, across=across)
+    args = row_arguments(row_shape, row_strides, col_strides)
+    itemsize = out.element_size()
+    _compile.launch(factory, (log, _compile.DTYPES[out.dtype], len(row_shape), plan_),
+                    _compile.stream(out.device), *(_compile.pointer(t, vec * itemsize) for t in tensors),
+                    M, N, *args)
+    return out
+
+
+def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
+    """The cute ``softmax``/``log_softmax`` forward: ``(y, (y,))``."""
+    y = launch_rows(op, _softmax_factory, [x], dim, log)
+    return y, (y,)
+
+
+def softmax_rows_backward(op: str, dy: torch.Tensor, cache, needs, dim: int, log: bool):
+    """The cute ``softmax_backward``/``log_softmax_backward``: ``(dx,)`` (None if not needed)."""
+    (y,) = cache
+    return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log) if needs[0] else None,)

@@ -1,0 +1,285 @@
+"""cross_entropy of logits (N, V) and class indices target (N,), on the CuTe DSL:
+
+    lse_i  = log sum_j exp(x_ij)                  (float32, with the row max subtracted first)
+    loss_i = lse_i - x_i,target_i                  0 where target_i == ignore_index
+    out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
+
+n_valid counts the rows whose target is not ignore_index (a mean over none of them is 0/0 = NaN,
+as in torch). A target outside [0, V) that is not ignore_index is never read: its row's lse and
+loss are NaN (torch raises instead).
+
+Backward, with g_i = dout / n_valid (mean), dout (sum), dout_i (none), and 0 on ignored rows:
+
+    dx_ij = (exp(x_ij - lse_i) - [j == target_i]) * g_i       (softmax minus one-hot)
+
+FLOPs ~4NV forward, ~4NV backward. Bytes: forward reads the logits once (NV * itemsize) and
+writes 2N float32; backward reads them again and writes dlogits (2NV * itemsize); ignored rows read
+nothing. Memory bound.
+
+Design (the triton backend's, on the row machinery of ``_rows.py``):
+
+- ``cross_entropy_kernel``: rows of logits as ``_rows.plan`` lays threads over them (many short rows
+  per CTA; 256 threads on a row past V = 4096), swept in chunks of up to 64 elements per thread
+  (128-bit loads where the layout allows) with an online logsumexp: a running (max, sum) per thread,
+  combined over the row's threads at the end (shuffles, then shared memory). No second (N, V) tensor
+  is made, whatever V (131072, 256000: a loop over chunks). Lane 0 of the row then reads the one
+  target logit and writes lse (float32, the cache) and loss = (m - x_t) + log s, formed without
+  rounding lse first (at |x| ~ 1e4 its float32 ulp is 1e-3). An ignored or out-of-range row reads
+  no logits (its loads are predicated off).
+- ``valid_sum_kernel``: one CTA adds the losses (float32) and counts the valid rows (int32, exact)
+  in a strided loop, then reduces both over the CTA in a fixed order (deterministic, no atomics, no
+  host sync) and writes the mean or the sum; the backward of a mean uses it to count n_valid alone.
+- ``cross_entropy_backward_kernel``: the same rows and chunks, elementwise given the cached lse:
+  every element gets exp(x - lse) g, then the thread that stored the target column's vector stores
+  (exp(x_t - lse) - 1) g over it (one thread's stores to one address land in program order), so no
+  element is compared with the target. One read and one write per element; ignored rows write zeros
+  without reading.
+
+Keys: the logits' dtype, the target's (int32/int64), the plan (vector width, threads per row, vectors
+per thread, unit column strides) and, where it changes the code, the reduction; N, V, ignore_index
+and every stride are runtime arguments.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+
+from . import _compile, _reduce
+from ._rows import (LOG2E, NEG_INF, THREADS, check_sizes, chunk_predicate, combine_lse, combine_sum, exp2f,
+                    load_chunk, online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_copy,
+                    row_thread, row_vector_width, row_views, rows_allreduce, store_chunk)
+
+NAN = float("nan")
+
+
+@cute.jit
+def _classes_to_read(t: Int64, ignore_index: Int64, V: Int32) -> Int32:
+    """V for a row whose target is a class in [0, V), else 0 (ignored or out of range: read nothing)."""
+    n = Int32(0)
+    if t != ignore_index:
+        if t >= 0:
+            if t < V:
+                n = V
+    return n
+
+
+def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
+    """The forward host function for logits of ``dtype``, targets of ``target_dtype`` and losses of
+    ``loss_dtype`` (float32 for a mean or sum, the logits' dtype for reduction "none"): the losses'
+    pointer type is compiled in, so it is part of the key."""
+    chunk, vpt = plan_.chunk, plan_.vpt
+
+    @cute.kernel
+    def cross_entropy_kernel(mX: cute.Tensor, mT: cute.Tensor, mLse: cute.Tensor, mLoss: cute.Tensor,
+                             rows: Int64, V: Int32, ignore_index: Int64, tiled_copy: cute.TiledCopy):
+        # mX: (V, (N,)) logits, a row per coordinate of mode 1; mT: (N,) targets; mLse: (N,) float32;
+        # mLoss: (N,) float32 or the logits' dtype
+        buffer = reduction_buffer(plan_, 2)
+        row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        x_row = mX[None, (row,)]
+        t = Int64(ignore_index)
+        if row < rows:
+            t = Int64(mT[row])
+        n = _classes_to_read(t, ignore_index, V)
+        state = (Float32(NEG_INF), Float32(0.0))
+        for c in cutlass.range(cute.ceil_div(V, chunk), unroll=1):
+            pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+            x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
+            state = online_lse(state, x)
+        m, s = rows_allreduce(state, combine_lse, plan_, buffer)
+        if lane == 0:
+            if row < rows:
+                lse, loss = Float32(NAN), Float32(NAN)  # out of range
+                if t == ignore_index:
+                    lse, loss = Float32(0.0), Float32(0.0)
+                if n > 0:
+                    log_s = cute.math.log(s)
+                    lse = m + log_s
+                    loss = (m - x_row[t].to(Float32)) + log_s  # lse - x_t without rounding lse first
+                mLse[row] = lse
+                mLoss[row] = loss.to(mLoss.element_type)
+
+    @cute.jit
+    def cross_entropy_host(stream: cuda.CUstream, pX: cute.Pointer, pT: cute.Pointer, pLse: cute.Pointer,
+                           pLoss: cute.Pointer, rows: Int64, V: Int32, ignore_index: Int64, t_stride: Int64, *args):
+        (mX,), _ = row_views((pX,), V, 1, plan_, args)
+        mT = cute.make_tensor(pT, cute.make_layout((rows,), stride=(t_stride,)))
+        mLse = cute.make_tensor(pLse, cute.make_layout((rows,)))
+        mLoss = cute.make_tensor(pLoss, cute.make_layout((rows,)))
+        cross_entropy_kernel(mX, mT, mLse, mLoss, rows, V, ignore_index, row_copy(dtype, plan_)).launch(
+            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return cross_entropy_host
+
+
+def _valid_sum_factory(target_dtype, out_dtype, mode: str):
+    """One CTA: ``mode`` "mean" (sum of losses / n_valid), "sum", or "count" (n_valid, no losses)."""
+
+    @cute.kernel
+    def valid_sum_kernel(mLoss: Optional[cute.Tensor], mT: cute.Tensor, mOut: cute.Tensor, rows: Int64,
+                         ignore_index: Int64):
+        # mLoss: (N,) float32 (None for "count"); mT: (N,); mOut: (1,)
+        tidx, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        warps = cute.make_ordered_layout((1, THREADS // _reduce.WARP, 1), order=(2, 1, 0))  # row_allreduce's buffers
+        sum_buffer = smem.allocate_tensor(Float32, warps, byte_alignment=16)
+        count_buffer = smem.allocate_tensor(Int32, warps, byte_alignment=16)
+        total, count = Float32(0.0), Int32(0)  # the count is exact, an int32 as in triton
+        for i in cutlass.range(Int64(tidx), rows, THREADS, unroll=4):
+            if Int64(mT[i]) != ignore_index:
+                count += 1
+            if const_expr(mode != "count"):
+                total += mLoss[i]  # ignored rows hold 0, out-of-range rows NaN
+        (count,) = row_allreduce((count,), combine_sum, THREADS, count_buffer)
+        if const_expr(mode != "count"):
+            (total,) = row_allreduce((total,), combine_sum, THREADS, sum_buffer)
+        if tidx == 0:
+            n_valid = Float32(count)
+            out = n_valid
+            if const_expr(mode == "mean"):
+                out = total / n_valid  # 0 / 0 = NaN when every row is ignored, as in torch
+            elif const_expr(mode == "sum"):
+                out = total
+            mOut[0] = out.to(mOut.element_type)
+
+    @cute.jit
+    def valid_sum_host(stream: cuda.CUstream, pLoss: Optional[cute.Pointer], pT: cute.Pointer, pOut: cute.Pointer,
+                       rows: Int64, t_stride: Int64, ignore_index: Int64):
+        mLoss = None
+        if const_expr(pLoss is not None):
+            mLoss = cute.make_tensor(pLoss, cute.make_layout((rows,)))
+        mT = cute.make_tensor(pT, cute.make_layout((rows,), stride=(t_stride,)))
+        mOut = cute.make_tensor(pOut, cute.make_layout((1,)))
+        valid_sum_kernel(mLoss, mT, mOut, rows, ignore_index).launch(
+            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return valid_sum_host
+
+
+def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
+    """The backward host function; ``mean``: g is divided by n_valid (a 0-d float32 tensor)."""
+    chunk, vpt = plan_.chunk, plan_.vpt
+
+    @cute.kernel
+    def cross_entropy_backward_kernel(mX: cute.Tensor, mT: cute.Tensor, mLse: cute.Tensor, mdOut: cute.Tensor,
+                                      mNValid: Optional[cute.Tensor], mdX: cute.Tensor, rows: Int64, V: Int32,
+                                      ignore_index: Int64, tiled_copy: cute.TiledCopy):
+        # mX, mdX: (V, (N,)); mT, mLse: (N,); mdOut: (N,), stride 0 for a mean or sum; mNValid: (1,) or None
+        row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
+        x_row, dx_row = mX[None, (row,)], mdX[None, (row,)]
+        t = Int64(ignore_index)
+        n_write = Int32(0)  # columns to write: V, none for a row past the end
+        if row < rows:
+            t = Int64(mT[row])
+            n_write = V
+        g, lse = Float32(0.0), Float32(0.0)  # an ignored row: exp(0 - 0) * 0 = 0, without reading
+        n_read = Int32(0)
+        if t != ignore_index:  # a valid row (an out-of-range target has lse NaN: dx NaN)
+            n_read = V
+            lse = mLse[row]
+            g = mdOut[row].to(Float32)
+            if const_expr(mean):
+                g = g / mNValid[0]
+        for c in cutlass.range(cute.ceil_div(V, chunk), unroll=1):
+            x = load_chunk(tiled_copy, thr, x_row, c, chunk, chunk_predicate(tXcX, n_read - c * chunk, vpt), 0.0)
+            p = exp2f((x.load().to(Float32) - lse) * LOG2E)
+            store_chunk(tiled_copy, thr, p * g, dx_row, c, chunk, chunk_predicate(tXcX, n_write - c * chunk, vpt))
+        # The target column: (p - 1) g, stored over p g by the thread that stored p g there (the same
+        # thread's stores to one address land in program order).
+        if n_read > 0:
+            if t >= 0:
+                if t < V:
+                    if lane == Int32((t % chunk) // plan_.vec) % plan_.tpr:
+                        p_t = exp2f((x_row[t].to(Float32) - lse) * LOG2E)
+                        dx_row[t] = ((p_t - 1.0) * g).to(dx_row.element_type)
+
+    @cute.jit
+    def cross_entropy_backward_host(stream: cuda.CUstream, pX: cute.Pointer, pT: cute.Pointer, pLse: cute.Pointer,
+                                    pdOut: cute.Pointer, pNValid: Optional[cute.Pointer], pdX: cute.Pointer,
+                                    rows: Int64, V: Int32, ignore_index: Int64, t_stride: Int64, dout_stride: Int64,
+                                    *args):
+        (mX, mdX), _ = row_views((pX, pdX), V, 1, plan_, args)
+        mT = cute.make_tensor(pT, cute.make_layout((rows,), stride=(t_stride,)))
+        mLse = cute.make_tensor(pLse, cute.make_layout((rows,)))
+        mdOut = cute.make_tensor(pdOut, cute.make_layout((rows,), stride=(dout_stride,)))
+        mNValid = None
+        if const_expr(mean):
+            mNValid = cute.make_tensor(pNValid, cute.make_layout((1,)))
+        cross_entropy_backward_kernel(mX, mT, mLse, mdOut, mNValid, mdX, rows, V, ignore_index,
+                                      row_copy(dtype, plan_)).launch(
+            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return cross_entropy_backward_host
+
+
+# ----------------------------------------------------------------------------- host
+
+def _rows_of(op, tensors):
+    """``(vec, plan, args)`` for the (N, V) tensors ``tensors`` (logits first), read row by row."""
+    N, V = tensors[0].shape
+    check_sizes(op, "logits", tensors[0], V, N)
+    row_strides = [(t.stride(0) if N > 1 else 0,) for t in tensors]
+    col_strides = [t.stride(1) if V > 1 else 1 for t in tensors]
+    vec = row_vector_width(tensors, V, row_strides, col_strides)
+    # one chunk up to V = 16384, else chunks of 64 elements per thread; threads across rows for a
+    # transposed logits (rows adjacent in memory)
+    across = N > 1 and all(c != 1 for c in col_strides) and all(s == 1 for (s,) in row_strides)
+    plan_ = plan(V, vec, col_strides, across=across)
+    return vec, plan_, row_arguments((N,), row_strides, col_strides)
+
+
+def _valid_sum(loss, target, ignore_index, mode, out):
+    """``out`` (0-d) <- the mean or sum of ``loss`` over the valid rows, or (mode "count") n_valid."""
+    pointer = _compile.pointer
+    _compile.launch(_valid_sum_factory, (_compile.DTYPES[target.dtype], _compile.DTYPES[out.dtype], mode),
+                    _compile.stream(target.device), None if loss is None else pointer(loss, 4),
+                    pointer(target, target.element_size()), pointer(out, out.element_size()),
+                    target.shape[0], target.stride(0), ignore_index)
+    return out
+
+
+def cross_entropy(logits, target, ignore_index, reduction):
+    """``(loss, (logits, target, lse))``: the losses (reduction "none") or their mean or sum."""
+    N, V = logits.shape
+    lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+    loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
+    if N:
+        vec, plan_, args = _rows_of("cross_entropy", (logits,))
+        pointer = _compile.pointer
+        _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],
+                                                 _compile.DTYPES[loss.dtype], plan_),
+                        _compile.stream(logits.device), pointer(logits, vec * logits.element_size()),
+                        pointer(target, target.element_size()), pointer(lse, 4),
+                        pointer(loss, loss.element_size()), N, V, ignore_index, target.stride(0), *args)
+    if reduction != "none":
+        loss = _valid_sum(loss, target, ignore_index, reduction,
+                          torch.empty((), dtype=logits.dtype, device=logits.device))
+    return loss, (logits, target, lse)
+
+
+def cross_entropy_backward(dout, cache, needs, ignore_index, reduction):
+    """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows."""
+    logits, target, lse = cache
+    if not needs[0] or logits.numel() == 0:
+        return (torch.zeros_like(logits) if needs[0] else None), None
+    N, V = logits.shape
+    n_valid = None
+    if reduction == "mean":
+        n_valid = _valid_sum(None, target, ignore_index, "count",
+                             torch.empty((), dtype=torch.float32, device=logits.device))
+    dlogits = torch.empty_like(logits)
+    vec, plan_, args = _rows_of("cross_entropy", (logits, dlogits))
+    pointer, size = _compile.pointer, logits.element_size()
+    _compile.launch(_cross_entropy_backward_factory,
+                    (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype], plan_, reduction == "mean"),
+                    _compile.stream(logits.device), pointer(logits, vec * size), pointer(target, target.element_size()),
+                    pointer(lse, 4), pointer(dout, size), None if n_valid is None else pointer(n_valid, 4),
+                    pointer(dlogits, vec * size), N, V, ignore_index, target.stride(0),
+                    0 if reduction != "none" else dout.stride(0), *args)
+    return dlogits, None

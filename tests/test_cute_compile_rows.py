@@ -1,0 +1,196 @@
+"""Every cute kernel of the row-wise primitives compiles (for sm_90a where there is no GPU): softmax,
+log_softmax, cross_entropy, layer_norm and rms_norm, forward and backward. As in
+``test_cute_compile.py``, each case calls the cute op on CPU tensors inside
+``_compile.compiling_only()``, so the op picks its kernel variant exactly as on a GPU (vector width
+from alignment and strides, rows kept in registers or swept in chunks, which operands exist) and
+compiles it; nothing is launched. Whether the kernels compute the right thing is the op test
+files' job, on a GPU."""
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
+
+from kcourse.blas.cute import _compile  # noqa: E402
+from _cute import compiled_kernels, t  # noqa: E402
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# (dtype, layout): every dtype contiguous (128-bit accesses), and each other layout (scalar or
+# narrower accesses through dynamic strides) in one dtype, to keep the file under a minute
+COMBOS = [(dtype, "contiguous") for dtype in DTYPES] + [
+    (torch.float32, "transposed"), (torch.bfloat16, "strided"), (torch.float16, "misaligned")]
+COMBO_IDS = [f"{str(d).removeprefix('torch.')}-{layout}" for d, layout in COMBOS]
+
+
+def op_functions(op):
+    module = importlib.import_module(f"kcourse.blas.cute.{op}")
+    return getattr(module, op), getattr(module, f"{op}_backward")
+
+
+def plans(seen, factory):
+    """The ``_rows.Plan`` in the keys of ``factory``'s kernels."""
+    from kcourse.blas.cute._rows import Plan
+
+    return [k for name, key in seen if name == factory for k in key if isinstance(k, Plan)]
+
+
+# ----------------------------------------------------------------------------- softmax, log_softmax
+
+# (shape, dim): short odd rows (a row per thread), a column softmax (rows adjacent in memory: threads
+# across rows), the middle dim of a 3-D tensor (2 row dims), rows of 1024 (128-bit accesses when
+# aligned); the other layouts than contiguous take the first two only (compile time)
+SOFTMAX_CASES = [((1000, 7), -1), ((100, 300), 0), ((4, 7, 13), 1), ((33, 1024), -1)]
+
+
+@pytest.mark.parametrize("dtype, layout", COMBOS, ids=COMBO_IDS)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_kernels_compile(monkeypatch, op, dtype, layout):
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    with _compile.compiling_only():
+        for shape, dim in SOFTMAX_CASES if layout == "contiguous" else SOFTMAX_CASES[:2]:
+            x = t(*shape, dtype=dtype, layout=layout)
+            y, cache = forward(x, dim)
+            assert y.shape == x.shape and cache[0] is y
+            (dx,) = backward(t(*shape, dtype=dtype), cache, (True,), dim)
+            assert dx.shape == x.shape
+    assert {name for name, _ in seen} == {"_softmax_factory", "_softmax_backward_factory"}
+    vecs = {p.vec for p in plans(seen, "_softmax_factory")}
+    if layout == "contiguous":  # aligned rows of 1024 elements: 128-bit accesses; columns: threads across rows
+        assert max(vecs) == 16 // x.element_size()
+        assert any(p.across for p in plans(seen, "_softmax_backward_factory"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_long_rows_compile(monkeypatch, op, dtype):
+    # rows longer than MAX_ONE_PASS: the two-sweep kernels (online logsumexp, then the output)
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    with _compile.compiling_only():
+        for x, dim in ((t(2, 20000, dtype=dtype), -1), (t(2, 20001, dtype=dtype), -1), (t(300, 5, dtype=dtype), 0)):
+            y, cache = forward(x, dim)
+            backward(t(*x.shape, dtype=dtype), cache, (True,), dim)
+    assert {p.one_pass for p in plans(seen, "_softmax_factory")} == {False}
+    assert {(p.vec, p.across) for p in plans(seen, "_softmax_backward_factory")} == {
+        (1, False), (16 // x.element_size(), False), (1, True)}
+
+
+def test_softmax_permuted_and_many_dims_compile(monkeypatch):
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions("softmax")
+    with _compile.compiling_only():
+        x = torch.zeros(3, 4, 5, 6).permute(2, 0, 3, 1)  # dense, permuted: rows addressed in place
+        for dim in range(4):
+            forward(x, dim)
+        forward(torch.zeros(1, 37).expand(5, 37), 0)  # a broadcast row (stride 0)
+        forward(torch.zeros(6, 7, 8, 9)[::2, ::2, ::2], -1)  # 3 row dims that do not merge
+        forward(torch.zeros(4, 5, 6, 7, 8)[::2, ::2, ::2, ::2], -1)  # 4
+        x = torch.zeros(2, 3, 4, 5, 6, 7).permute(5, 3, 1, 0, 2, 4)  # 5 row dims that do not merge: copied
+        y, cache = forward(x, 2)
+        backward(torch.zeros(x.shape), cache, (True,), 2)
+    assert {key[2] for name, key in seen if name == "_softmax_factory"} == {1, 2, 3, 4}  # merged row dims
+    assert backward(torch.zeros(3, 8), (torch.zeros(3, 8),), (False,), 1) == (None,)
+
+
+# ----------------------------------------------------------------------------- cross_entropy
+
+CE_SHAPES = [(1, 1), (7, 13), (33, 1000), (4, 40000)]  # the last: a vocabulary swept in chunks
+
+
+@pytest.mark.parametrize("dtype, layout", COMBOS, ids=COMBO_IDS)
+def test_cross_entropy_kernels_compile(monkeypatch, dtype, layout):
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions("cross_entropy")
+    with _compile.compiling_only():
+        for N, V in CE_SHAPES if layout == "contiguous" else CE_SHAPES[1:3]:
+            logits = t(N, V, dtype=dtype, layout=layout)
+            targets, reductions = [torch.zeros(N, dtype=torch.int64)], ["mean"]
+            if (N, V) == (7, 13):  # int32 class indices (strided) and every reduction
+                targets.append(torch.zeros(2 * N, dtype=torch.int32)[::2])
+                reductions += ["sum", "none"]
+            for target in targets:
+                for reduction in reductions:
+                    loss, cache = forward(logits, target, ignore_index=-100, reduction=reduction)
+                    assert loss.shape == ((N,) if reduction == "none" else ())
+                    assert cache[2].dtype == torch.float32 and cache[2].shape == (N,)
+                    dx, none = backward(torch.zeros(loss.shape, dtype=dtype), cache, (True, False),
+                                        ignore_index=-100, reduction=reduction)
+                    assert dx.shape == logits.shape and none is None
+    assert {name for name, _ in seen} == {"_cross_entropy_factory", "_valid_sum_factory",
+                                          "_cross_entropy_backward_factory"}
+    assert len(plans(seen, "_cross_entropy_factory")) > 0
+
+
+def test_cross_entropy_huge_vocabulary_compiles(monkeypatch):
+    # V = 256000: the row is never materialized; chunks of 64 elements per thread, 128-bit loads
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions("cross_entropy")
+    with _compile.compiling_only():
+        logits, target = t(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)
+        loss, cache = forward(logits, target, ignore_index=-100, reduction="mean")
+        backward(torch.zeros((), dtype=torch.bfloat16), cache, (True, False), ignore_index=-100, reduction="mean")
+        forward(t(0, 5, dtype=torch.float32), torch.zeros(0, dtype=torch.int64), ignore_index=-100, reduction="mean")
+    (p,) = set(plans(seen, "_cross_entropy_factory"))
+    assert (p.vec, p.tpr, p.one_pass) == (8, 256, False) and p.vec * p.vpt == 64
+
+
+# ----------------------------------------------------------------------------- layer_norm, rms_norm
+
+# rows kept on chip; 12000: chunked backward; 20000: both chunked. Other layouts than contiguous:
+# the first and the last only (compile time)
+NORM_SHAPES = [(7, 33), (3, 5, 1000), (2, 12000), (2, 20000)]
+
+
+@pytest.mark.parametrize("dtype, layout", COMBOS, ids=COMBO_IDS)
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    with _compile.compiling_only():
+        for shape in NORM_SHAPES if layout == "contiguous" else NORM_SHAPES[::3]:
+            x = t(*shape, dtype=dtype, layout=layout)
+            d = shape[-1]
+            w, b = t(d, dtype=dtype), t(d, dtype=dtype)
+            if op == "layer_norm":
+                y, cache = forward(x, w, b, eps=1e-5)
+                assert cache[2].dtype == cache[3].dtype == torch.float32
+            else:
+                y, cache = forward(x, w, eps=1e-6)
+                assert cache[2].dtype == torch.float32
+            assert y.shape == x.shape and y.is_contiguous()
+            grads = backward(t(*shape, dtype=dtype), cache, (True,) * (3 if op == "layer_norm" else 2), eps=1e-5)
+            assert grads[0].shape == x.shape and all(g.shape == (d,) for g in grads[1:])
+    names = {name for name, _ in seen}
+    assert names == {"_norm_forward_factory", "_norm_backward_factory", "_column_sum_factory"}
+    assert {p.one_pass for p in plans(seen, "_norm_backward_factory")} == {True, False}
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_optional_operands_compile(monkeypatch, op):
+    # a missing weight or bias, and every subset of the gradients, compile into their own kernels
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    x, dy, w = t(7, 33, dtype=torch.float32), t(7, 33, dtype=torch.float32), t(33, dtype=torch.float32)
+    with _compile.compiling_only():
+        if op == "layer_norm":
+            for weight, bias in [(w, None), (None, w), (None, None)]:
+                y, cache = forward(x, weight, bias, eps=1e-5)
+                backward(dy, cache, (True, weight is not None, bias is not None), eps=1e-5)
+            y, cache = forward(x, w, w, eps=1e-5)
+            for needs in [(True, False, False), (False, True, False), (False, False, True), (False, True, True)]:
+                grads = backward(dy, cache, needs, eps=1e-5)
+                assert [g is not None for g in grads] == list(needs)
+            y, cache = forward(t(0, 33, dtype=torch.float32), w, w, eps=1e-5)  # no rows: zero gradients
+            assert all(torch.equal(g, torch.zeros(33)) for g in backward(t(0, 33, dtype=torch.float32), cache,
+                                                                        (True, True, True), eps=1e-5)[1:])
+        else:
+            y, cache = forward(x, None, eps=1e-6)
+            backward(dy, cache, (True, False), eps=1e-6)
+            y, cache = forward(x, w, eps=1e-6)
+            for needs in [(True, False), (False, True)]:
+                grads = backward(dy, cache, needs, eps=1e-6)
+                assert len(grads) == 2 and [g is not None for g in grads] == list(needs)
+    flags = {key[3:] for name, key in seen if name == "_norm_backward_factory"}
+    assert len(flags) >= 3
