@@ -11,35 +11,15 @@ import torch
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
 from kcourse.blas.cute import _compile  # noqa: E402
+from _cute import compiled_kernels, t  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WIDEST = {torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}  # elements in 16 bytes
 
 
-def t(*shape, dtype, layout="contiguous"):
-    """A CPU tensor of ``shape`` laid out as asked (its values are never read)."""
-    if layout == "contiguous":
-        return torch.zeros(shape, dtype=dtype)
-    if layout == "transposed":
-        return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype).mT
-    if layout == "strided":
-        return torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
-    if layout == "misaligned":  # the first element 2 or 4 bytes past a 16-byte boundary
-        return torch.zeros(shape[0] + 1, *shape[1:], dtype=dtype)[1:]
-    raise ValueError(layout)
-
-
 @pytest.fixture
 def compiled(monkeypatch) -> list:
-    """Record the (factory name, key) of every kernel ``_compile`` is asked for."""
-    seen, real = [], _compile.compile_only
-
-    def spy(factory, key, *args):
-        seen.append((factory.__name__, key))
-        return real(factory, key, *args)
-
-    monkeypatch.setattr(_compile, "compile_only", spy)
-    return seen
+    return compiled_kernels(monkeypatch)
 
 
 def op(name):

@@ -1,0 +1,168 @@
+"""attention: fused flash attention (FlashAttention-2 on mma.sync tensor cores), forward and backward, in CuTe.
+
+Per (batch, query head h), with q (Tq, D), the kv head's k and v (Tk, D), c = scale and the causal
+mask (query i sees keys j <= i, top-left aligned, also when Tq != Tk, as SDPA's ``is_causal``):
+
+    S = c q k^T  (Tq, Tk)     P = softmax_rows(S)     out = P v  (Tq, D)     lse_i = log sum_j exp S_ij
+
+Backward, with dO = dout and delta_i = sum_d dO_id out_id:
+
+    dV = P^T dO     dP = dO v^T     dS = P * (dP - delta)     dQ = c dS k     dK = c dS^T q
+
+FLOPs 4 B H Tq Tk D forward, 14 B H Tq Tk D backward (S and dP are recomputed in both backward
+kernels; about half of each with the causal mask). S and P never reach device memory: the extra
+memory is lse (B, H, Tq) float32, saved for the backward, and delta of the same size.
+
+Kernels (``_attention_fwd``, ``_attention_bwd``; their docstrings have the details):
+  - forward: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream through a
+    two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers; online
+    softmax with the row max and sum in registers (quad shuffles); out and lse at the end.
+  - backward: delta = rowsum(dO * out); dK, dV per key tile (the group's query heads summed by a
+    loop, no atomics); dQ per query tile. Deterministic: no atomics anywhere.
+The cache is ``(q, k, v, out, lse)`` as the triton backend's, with q, k, v the tensors the kernels
+read (see strides below).
+
+Dtypes: float16 and bfloat16 multiply on 16-bit tensor cores (P and dS rounded to the input dtype
+before their products, as FlashAttention and the triton kernels); float32 multiplies on TF32 tensor
+cores with each operand split in two TF32 halves ("3xTF32", float32-level accuracy), or with one TF32
+product when ``torch.backends.cuda.matmul.allow_tf32`` is on, as gemm and the triton kernels do.
+Accumulation is float32 everywhere.
+
+Head dims 1..128: the kernels are compiled for D rounded up to a multiple of 32 (32, 64, 96, 128),
+the padding read as zeros (D = 16, 48, 80 work). D * itemsize must be a multiple of 4 bytes (the
+smallest cp.async): an odd D in float16/bfloat16, or D > 128, is a ValueError naming the op and D.
+
+Strides: q, k, v are read in place through their batch, head and sequence strides (e.g. the
+(B, T, H, D) projection output seen through ``.transpose(1, 2)``) when their head dim has unit
+stride; 16-byte vectors when the base addresses and strides allow, else 8 or 4 bytes. A tensor
+whose head dim is strided (``[..., ::2]``, a transposed view of the last two dims), or whose
+strides or address allow no 4-byte vector, is first copied to a contiguous tensor (``.contiguous()``,
+one extra read and write of it); the copy is what the cache holds. dout and out are read
+contiguous (autograd hands the backward a contiguous dout); out, dq, dk and dv are new contiguous
+tensors.
+
+Compile keys (``_compile``): forward, dK/dV and dQ each (dtype, math mode, padded head dim, causal,
+vector width); delta (dtype, padded head dim, vector width). Batch, heads, sequence lengths, the
+real head dim, strides and the scale are runtime arguments.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
+from ._attention_fwd import LOG2E, _fwd_factory
+from ._compile import launch, pointer, stream
+from ._reduce import vector_width
+
+MAX_HEAD_DIM = 128
+_MAX_DIM = 2**31 - 2**10  # sequence lengths and B H Tq are Int32 in the kernels
+_MAX_GRID = 65535  # heads and batch are grid dims y and z
+
+
+def _math_mode(dtype: torch.dtype) -> str:
+    if dtype != torch.float32:
+        return "mma16"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "3xtf32"
+
+
+def _padded_head_dim(q: torch.Tensor) -> int:
+    """D rounded up to a multiple of 32; raises for a head dim the kernels cannot take."""
+    D = q.shape[-1]
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"attention: the cute kernels support head dims D from 1 to {MAX_HEAD_DIM}, "
+                         f"got D = {D} (q {tuple(q.shape)})")
+    if D * q.element_size() % 4:
+        raise ValueError(f"attention: the cute kernels need D * itemsize to be a multiple of 4 bytes (their "
+                         f"smallest copy), got D = {D} in {str(q.dtype).replace('torch.', '')} (q {tuple(q.shape)})")
+    if max(q.shape[0], q.shape[1]) > _MAX_GRID:
+        raise ValueError(f"attention: q is {tuple(q.shape)}; the cute kernels take at most {_MAX_GRID} "
+                         "batches and heads")
+    return -(-D // 32) * 32
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides; 0 for a dim of size 1 (only ever indexed at 0, so it divides
+    every vector width)."""
+    return tuple(s if n > 1 else 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
+
+
+def _vec(tensors) -> int:
+    """The widest access (elements, up to 16 bytes) every tensor allows: base address, strides, D."""
+    t0 = tensors[0]
+    counts = [t0.shape[-1]] + [s for t in tensors for s in _strides(t)]
+    return vector_width(t0.element_size(), [t.data_ptr() for t in tensors], counts)
+
+
+def _readable(*tensors):
+    """The tensors as the kernels read them, and the vector width: in place where the head dim has
+    unit stride and a 4-byte (or wider) vector fits, else contiguous copies."""
+    size = tensors[0].element_size()
+    tensors = [t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in tensors]
+    vec = _vec(tensors)
+    if vec * size < 4:  # an odd stride or an address 2 bytes off: copy (D * size % 4 == 0 was checked)
+        tensors = [t.contiguous() for t in tensors]
+        vec = _vec(tensors)
+    return tensors, vec
+
+
+def _check_lengths(Tq: int, Tk: int, rows: int) -> None:
+    if max(Tq, Tk, rows) > _MAX_DIM:
+        raise ValueError(f"attention: Tq = {Tq}, Tk = {Tk}; the cute kernels take sequences (and B H Tq) "
+                         f"below {_MAX_DIM}")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
+    Dp = _padded_head_dim(q)
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    _check_lengths(Tq, Tk, B * H * Tq)
+    out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
+        return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
+    (q, k, v), vec = _readable(q, k, v)
+    vec = min(vec, _vec([out]))
+    align = vec * q.element_size()
+    launch(_fwd_factory, (q.dtype, _math_mode(q.dtype), Dp, causal, vec),
+           pointer(q, align), pointer(k, align), pointer(v, align), pointer(out, align), pointer(lse, 4),
+           B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+           scale * LOG2E, stream(q.device))
+    return out, (q, k, v, out, lse)
+
+
+def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
+    """``(dq, dk, dv)``, each None where ``needs`` says no. delta first, then dK and dV together when
+    either is needed, then dQ when needed."""
+    q, k, v, out, lse = cache
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if q.numel() == 0 or k.numel() == 0:  # no query or no key: every gradient is zero
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if n else None
+                     for t, n in zip((q, k, v), needs))
+    Dp = _padded_head_dim(q)
+    _check_lengths(Tq, Tk, B * H * Tq)
+    dout, out = dout.contiguous(), out.contiguous()
+    (q, k, v, dout), vec = _readable(q, k, v, dout)
+    vec = min(vec, _vec([out]))
+    align = vec * q.element_size()
+    mode = _math_mode(q.dtype)
+    dev = stream(q.device)
+
+    delta = torch.empty_like(lse)
+    launch(_delta_factory, (q.dtype, Dp, vec),
+           pointer(out, align), pointer(dout, align), pointer(delta, 4), B * H * Tq, D, dev)
+    inputs = (pointer(q, align), pointer(k, align), pointer(v, align), pointer(dout, align),
+              pointer(lse, 4), pointer(delta, 4))
+    sizes = (B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+             scale * LOG2E, scale)
+    dq = dk = dv = None
+    if needs[1] or needs[2]:
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        launch(_dkdv_factory, (q.dtype, mode, Dp, causal, vec), *inputs, pointer(dk, align), pointer(dv, align),
+               *sizes, dev)
+    if needs[0]:
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        launch(_dq_factory, (q.dtype, mode, Dp, causal, vec), *inputs, pointer(dq, align), *sizes, dev)
+    return dq, dk if needs[1] else None, dv if needs[2] else None

@@ -1,0 +1,203 @@
+"""The cute attention kernels compile (for sm_90a where there is no GPU), as tests/test_cute_compile.py
+does for the BLAS kernels: each case calls the cute ``attention`` and ``attention_backward`` on CPU
+tensors inside ``_compile.compiling_only()``, so they pick their kernel variants exactly as on a GPU
+(math mode from the dtype, padded head dim, causal, vector width from strides and alignment) and
+compile them; nothing is launched. Whether the kernels compute the right thing is
+tests/test_attention.py's job, on a GPU (and scripts/gpu_checks/attention.py's).
+
+One check reads generated code: ``test_tf32_operand_a_registers`` follows, in the PTX of a one-warp
+kernel, which accumulator registers reach the A operand of the TF32 MMAs of P V (the float32 path's
+register reuse; a wrong mapping there made every float32 output O(1) wrong on the GPU while this
+file still passed)."""
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32  # noqa: E402
+from cutlass.cute.runtime import make_ptr  # noqa: E402
+
+from kcourse.blas.cute import _attention_fwd, _compile  # noqa: E402
+from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E402
+from _cute import compiled_kernels  # noqa: E402
+
+FACTORIES = ("_fwd_factory", "_delta_factory", "_dkdv_factory", "_dq_factory")
+
+
+def heads(B, H, T, D, dtype, layout="contiguous"):
+    """A CPU (B, H, T, D) tensor (its values are never read) laid out as asked."""
+    if layout == "contiguous":
+        return torch.zeros(B, H, T, D, dtype=dtype)
+    if layout == "bthd":  # the (B, T, H, D) projection output seen through .transpose(1, 2): read in place
+        return torch.zeros(B, T, H, D, dtype=dtype).transpose(1, 2)
+    if layout == "strided":  # every other element along D: copied to a contiguous tensor first
+        return torch.zeros(B, H, T, 2 * D, dtype=dtype)[..., ::2]
+    if layout == "misaligned":  # the first element 4 bytes past a 16-byte boundary: 4-byte vectors
+        skip = 4 // torch.empty(0, dtype=dtype).element_size()
+        return torch.zeros(B * H * T * D + skip, dtype=dtype)[skip:].view(B, H, T, D)
+    raise ValueError(layout)
+
+
+def run(B, H, Hkv, Tq, Tk, D, dtype, causal, layout="contiguous", needs=(True, True, True)):
+    q = heads(B, H, Tq, D, dtype, layout)
+    k, v = heads(B, Hkv, Tk, D, dtype, layout), heads(B, Hkv, Tk, D, dtype, layout)
+    with _compile.compiling_only():
+        out, cache = attention(q, k, v, causal, D ** -0.5)
+        grads = attention_backward(torch.zeros(out.shape, dtype=dtype), cache, needs, causal, D ** -0.5)
+    assert out.shape == (B, H, Tq, D) and cache[4].shape == (B, H, Tq) and cache[4].dtype == torch.float32
+    for g, t, n in zip(grads, (q, k, v), needs):
+        assert (g is None) == (not n) and (g is None or g.shape == t.shape)
+    return cache
+
+
+# (dtype, D, causal, shape (B, H, Hkv, Tq, Tk), layout): every head-dim class (Dp = 32, 64, 96, 128),
+# both masks, grouped-query heads, Tq != Tk both ways, the three math modes, views read in place,
+# copied, and narrower vectors
+CASES = [
+    (torch.bfloat16, 128, True, (2, 4, 2, 100, 90), "bthd"),
+    (torch.float16, 128, False, (1, 2, 1, 33, 70), "contiguous"),
+    (torch.float16, 64, False, (2, 4, 4, 70, 19), "contiguous"),
+    (torch.bfloat16, 64, True, (1, 4, 1, 37, 37), "misaligned"),
+    (torch.float16, 80, True, (1, 2, 2, 17, 29), "contiguous"),
+    (torch.bfloat16, 16, False, (1, 4, 2, 33, 70), "strided"),
+    (torch.float32, 32, True, (1, 4, 2, 37, 21), "misaligned"),
+    (torch.float32, 128, False, (2, 2, 1, 65, 40), "bthd"),
+]
+
+
+@pytest.mark.parametrize("dtype, D, causal, shape, layout", CASES, ids=str)
+def test_attention_kernels_compile(monkeypatch, dtype, D, causal, shape, layout):
+    seen = compiled_kernels(monkeypatch)
+    cache = run(*shape, D, dtype, causal, layout)
+    assert [name for name, _ in seen] == list(FACTORIES), seen
+    Dp = -(-D // 32) * 32
+    mode = "mma16" if dtype != torch.float32 else "3xtf32"
+    fwd_key = seen[0][1]
+    assert fwd_key[:4] == (dtype, mode, Dp, causal), fwd_key
+    vec = fwd_key[4]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    assert vec == (4 if layout == "misaligned" else 16) // itemsize, vec
+    assert [key for _, key in seen[2:]] == [(dtype, mode, Dp, causal, seen[2][1][4])] * 2
+    if layout == "strided":  # the kernels read a contiguous copy, and the cache keeps it
+        assert all(t.is_contiguous() for t in cache[:3])
+    if layout == "bthd":  # read in place: the cache holds the views themselves
+        assert not cache[0].is_contiguous()
+
+
+def test_tf32_mode_and_partial_gradients(monkeypatch):
+    seen = compiled_kernels(monkeypatch)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    run(1, 2, 1, 40, 33, 64, torch.float32, False, needs=(False, True, False))
+    assert [name for name, _ in seen] == ["_fwd_factory", "_delta_factory", "_dkdv_factory"], seen
+    assert seen[0][1][1] == "tf32"
+    seen.clear()
+    run(1, 2, 1, 40, 33, 64, torch.float32, False, needs=(True, False, False))
+    assert [name for name, _ in seen] == ["_fwd_factory", "_delta_factory", "_dq_factory"], seen
+
+
+def test_a_compiled_kernel_is_reused():
+    run(1, 2, 2, 20, 20, 64, torch.float16, True)
+    before = dict(_compile.COMPILE_SECONDS)
+    run(3, 6, 2, 300, 77, 56, torch.float16, True)  # other sizes (and D) of the same key
+    assert _compile.COMPILE_SECONDS == before
+
+
+def test_empty_sequences_launch_nothing(monkeypatch):
+    seen = compiled_kernels(monkeypatch)
+    q, k = torch.zeros(1, 2, 5, 16), torch.zeros(1, 1, 0, 16)
+    with _compile.compiling_only():
+        out, cache = attention(q, k, k, True, 0.25)
+        dq, dk, dv = attention_backward(torch.ones(out.shape), cache, (True, True, True), True, 0.25)
+    assert not seen
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(dq, torch.zeros_like(q))
+    assert torch.isneginf(cache[4]).all()
+
+
+@pytest.mark.parametrize("D, dtype, message", [
+    (160, torch.float16, r"attention: the cute kernels support head dims D from 1 to 128, "
+                         r"got D = 160 \(q \(1, 2, 3, 160\)\)"),
+    (7, torch.bfloat16, r"attention: the cute kernels need D \* itemsize to be a multiple of 4 bytes .*got D = 7 "
+                        r"in bfloat16 \(q \(1, 2, 3, 7\)\)"),
+])
+def test_unsupported_head_dims(D, dtype, message):
+    q = torch.zeros(1, 2, 3, D, dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        attention(q, q, q, False, 1.0)
+
+
+# ----------------------------------------------------------------------------- TF32 A operand from registers
+
+def operand_a_ptx(math_mode: str, dump_dir) -> str:
+    """The PTX of one warp that loads an m16n8 accumulator from a row-major (16, 8) float32 tensor,
+    turns it into an A operand with ``Tiles.as_operand_a`` (as P V, dS K... do) and multiplies it
+    with ``Tiles.mma`` (one TF32 MMA, or three for 3xTF32)."""
+
+    @cute.kernel
+    def kernel(mC: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        t = _attention_fwd.Tiles.make(Float32, math_mode, 32, 64, 16, 4)
+        atom = cute.make_tiled_mma(cute.nvgpu.warp.MmaTF32Op((16, 8, 8)), (1, 1, 1))
+        thr = atom.get_slice(tidx)
+        acc = cute.make_rmem_tensor(atom.partition_shape_C((16, 8)), Float32)
+        cute.autovec_copy(thr.partition_C(mC), acc)
+        b = cute.make_rmem_tensor(atom.partition_shape_B((8, 8)), Float32)
+        cute.autovec_copy(thr.partition_B(mB), b)
+        d = cute.make_rmem_tensor(atom.partition_shape_C((16, 8)), Float32)
+        d.fill(0.0)
+        t.mma(d, t.as_operand_a(acc)[None, None, 0], b[None, None, 0])
+        cute.autovec_copy(d, thr.partition_C(mD))
+
+    @cute.jit
+    def host(pc: cute.Pointer, pb: cute.Pointer, pd: cute.Pointer, stream: cuda.CUstream):
+        rows = cute.make_layout((16, 8), stride=(8, 1))
+        kernel(cute.make_tensor(pc, rows), cute.make_tensor(pb, cute.make_layout((8, 8), stride=(8, 1))),
+               cute.make_tensor(pd, rows)).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+
+    def ptr(address):
+        return make_ptr(Float32, address, cute.AddressSpace.gmem, assumed_align=16)
+
+    compiled = cute.compile(host, ptr(1 << 20), ptr(2 << 20), ptr(3 << 20), cuda.CUstream(0),
+                            options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump_dir}")
+    return compiled.__ptx__
+
+
+def operand_a_sources(ptx: str) -> list:
+    """For each TF32 mma.sync, its four A registers, each as the set of (base register, byte offset) of
+    the global loads it is computed from (through the TF32 rounding and splitting: cvt, sub, mov)."""
+    ptx = re.sub(r"//[^\n]*", "", ptx)
+    loads, defs = {}, {}
+    for m in re.finditer(r"ld\.global(?:\.v\d)?\.\w+\s+\{?([^};]*?)\}?\s*,\s*\[(%rd\d+)(?:\+(\d+))?\]\s*;", ptx):
+        base, offset = m.group(2), int(m.group(3) or 0)
+        for i, reg in enumerate(r.strip() for r in m.group(1).split(",")):
+            loads[reg] = (base, offset + 4 * i)
+    for m in re.finditer(r"(?:cvt\.rna\.tf32\.f32|sub\.f32|mov\.b32)\s+(%r\d+)\s*,\s*([^;]*);", ptx):
+        defs[m.group(1)] = [s.strip() for s in m.group(2).split(",")]
+
+    def sources(reg):
+        if reg in loads:
+            return {loads[reg]}
+        return set().union(*(sources(s) for s in defs.get(reg, []) if s.startswith("%r")))
+
+    mma = r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32\s*\{[^}]*\}\s*,\s*\{([^}]*)\}"
+    return [[sources(r.strip()) for r in m.group(1).split(",")] for m in re.finditer(mma, ptx)]
+
+
+@pytest.mark.parametrize("math_mode, mmas", [("tf32", 1), ("3xtf32", 3)])
+def test_tf32_operand_a_registers(tmp_path, math_mode, mmas):
+    """Lane (g, t) of the m16n8k8 TF32 MMA takes A values (row g, k t), (g + 8, t), (g, t + 4), (g + 8,
+    t + 4) (PTX ISA); its accumulator holds (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). With
+    k-slot t + 4j read as column 2t + j (the key permutation that ``Tiles.transposed`` applies to V, dO,
+    Q and K), the A registers must be the elements (g, 2t), (g + 8, 2t), (g, 2t + 1), (g + 8, 2t + 1)
+    of the loaded tile: byte offsets 0, 256, 4, 260 from the lane's first one (rows of 8 floats).
+    The previous swapped-view fragment fed the MMA offsets 0, 4, 4, 256 (cute.gemm misreads a value
+    mode with out-of-order strides)."""
+    found = operand_a_sources(operand_a_ptx(math_mode, tmp_path))
+    assert len(found) == mmas, found
+    for a in found:
+        assert all(len(s) == 1 for s in a), a
+        (base, _), = a[0]
+        assert [next(iter(s)) for s in a] == [(base, 0), (base, 256), (base, 4), (base, 260)], a
