@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
 # benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|all];
-# small tests take ~9 minutes on an H100 host (16 cores), large ones ~5, bench ~9: one device call each (10-minute limit).
+# small tests take ~9 minutes on an H100 host (16 cores), large ones ~5, bench ~4, cute ~3 (+ large): one device call each (10-minute limit).
 # Writes $OUT/tests*.log, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUTDIR [tests|bench|all]}
@@ -36,6 +36,9 @@ if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.
   KCOURSE_RECORD="$out/verified-cute-blas.json" timeout ${CUTE_BLAS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
     -n 12 -m "not gpu" -k cute -rf $(for t in $blas; do echo tests/test_$t.py; done) > "$out/tests-cute-blas.log" 2>&1
   (( status |= $? )); tail -n 3 "$out/tests-cute-blas.log"
+  KCOURSE_RECORD="$out/verified-cute-large.json" timeout ${CUTE_LARGE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+    -n 3 -m gpu -k cute -rf --durations=10 tests > "$out/tests-cute-large.log" 2>&1
+  (( status |= $? )); tail -n 3 "$out/tests-cute-large.log"
 fi
 if [[ $what == gpt ]]; then  # training throughput, kcourse (triton) vs torch.nn, both architectures
   for arch in gpt2 llama; do
