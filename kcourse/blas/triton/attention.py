@@ -69,7 +69,6 @@ def tiles_that_fit(configs, args, **kwargs):
     registers, larger ones spill and take minutes each to compile and autotune."""
     M, N = max(32, triton.next_power_of_2(args["Tq"])), max(32, triton.next_power_of_2(args["Tk"]))
     if args["Q"].dtype == torch.float32:
-        M, N = min(M, 64), min(N, 64)
         configs = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 32]
     fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N]
     return fit or configs[-1:]
