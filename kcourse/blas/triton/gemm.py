@@ -2,15 +2,25 @@
 
 FLOPs: 2mnk per matrix. Bytes, at least: (mk + kn + 2mn) * itemsize per matrix (mn once if beta == 0).
 
-Each program computes one (BLOCK_M, BLOCK_N) tile of out: it walks k BLOCK_K at a time, loading a
-(BLOCK_M, BLOCK_K) tile of A and a (BLOCK_K, BLOCK_N) tile of B and adding their product
-(``tl.dot``, tensor cores on a GPU) into a float32 accumulator. The epilogue forms
-alpha * acc + beta * C in float32 and rounds once. Details worth reading the kernel for:
+Two kernels; the choice depends only on the arguments (dtype, device, sizes, strides, alignment):
+  - ``_gemm_tma.gemm_tma`` (Hopper: TMA descriptors, a persistent grid, split K for products of
+    few tiles; see that module) when ``_gemm_tma.tma_plan`` accepts the operands: float16 or
+    bfloat16 on an sm_90 GPU (never under the interpreter), k > 0, A and B each with a unit
+    stride in one matrix dim, a 16-byte aligned base, the other stride and a real batch stride
+    multiples of 16 bytes and the contiguous extent a multiple of 8; out n-contiguous, likewise.
+    Linear's products qualify (x W^T, dY W, dY^T X) whenever the feature sizes are multiples of 8.
+  - the pointer kernel below for everything else: float32, any strides, misaligned views, odd sizes.
+Both accumulate in float32 and round once (alpha * acc + beta * C), so they agree to rounding.
+
+Each program of the pointer kernel computes one (BLOCK_M, BLOCK_N) tile of out: it walks k BLOCK_K
+at a time, loading a (BLOCK_M, BLOCK_K) tile of A and a (BLOCK_K, BLOCK_N) tile of B and adding
+their product (``tl.dot``, tensor cores on a GPU) into a float32 accumulator. Details worth reading
+the kernel for:
   - every operand is addressed through its own strides (batch, row, column), so transposed and
     sliced views, stride-0 batches (one matrix shared by the batch) and a broadcast C (a bias
     row expanded to (m, n) arrives with strides (0, 1)) are read in place: nothing is copied;
-  - grouped ordering: consecutive programs take GROUP_M tile-rows of one column band, so the A and
-    B tiles they share are still in L2 when the neighbours ask for them;
+  - grouped ordering (``grouped_tile``): consecutive programs take GROUP_M tile-rows of one column
+    band, so the A and B tiles they share are still in L2 when the neighbours ask for them;
   - one grid axis covers batch x tiles (the other axes are capped at 65535 programs);
   - float32 operands use exact float32 products (input_precision "ieee") unless
     torch.backends.cuda.matmul.allow_tf32 is on ("tf32"). Triton's CPU interpreter multiplies
@@ -22,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_plan
 from ._launch import INTERPRET
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
@@ -34,14 +45,6 @@ else:  # tuned for H100; configs that do not fit in shared memory are skipped by
                                         (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
-def tiles_that_fit(configs, args, **kwargs):
-    """Skip tiles far larger than the output: a 7 x 33 product tunes (and compiles) only the 64-wide
-    configs, and tuning a new small shape costs one or two compiles instead of eight."""
-    M, N = max(64, triton.next_power_of_2(args["M"])), max(64, triton.next_power_of_2(args["N"]))
-    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N]
-    return fit or configs[-1:]
-
-
 @triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
                  prune_configs_by={"early_config_prune": tiles_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -52,16 +55,7 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    batch, tile = pid // (tiles_m * tiles_n), pid % (tiles_m * tiles_n)
-    # grouped ordering: tiles run down GROUP_M tile-rows, then move one tile-column right
-    group = tile // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    group_m = tl.minimum(tiles_m - first_m, GROUP_M)  # the last group may be shorter
-    tile_m = first_m + (tile % (GROUP_M * tiles_n)) % group_m
-    tile_n = (tile % (GROUP_M * tiles_n)) // group_m
-
+    batch, tile_m, tile_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = batch.to(tl.int64)  # int64 offsets: a huge tensor must not overflow them
     rows = tile_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     cols = tile_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
@@ -89,11 +83,8 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
         a_ptrs += a_step
         b_ptrs += b_step
 
-    out = alpha * acc
     mask = row_mask[:, None] & col_mask[None, :]
-    if C_ptr is not None:  # a compile-time test: C is None when beta == 0
-        c_ptrs = C_ptr + batch * stride_cb + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-        out += beta * tl.load(c_ptrs, mask=mask).to(tl.float32)
+    out = scale_and_add(acc, alpha, beta, C_ptr, batch, rows, cols, stride_cb, stride_cm, stride_cn, mask)
     o_ptrs = out_ptr + batch * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -104,6 +95,9 @@ def gemm(A, B, C, alpha, beta, out):
     if out.dim() == 2:  # a batch of one; [None] adds a leading dim to the view, nothing is copied
         gemm(A[None], B[None], None if C is None else C[None], alpha, beta, out[None])
         return out
+    plan = tma_plan(A, B, out)
+    if plan is not None:
+        return gemm_tma(A, B, C, alpha, beta, out, plan)
     batch, M, K = A.shape
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
