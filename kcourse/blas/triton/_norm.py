@@ -14,12 +14,28 @@ first chunk's mean: var = mean(s^2) - mean(s)^2. Shifting by K keeps that differ
 large offsets (plain mean(x^2) - mean^2 loses every digit when mean^2 >> var), since
 (mean - K)^2 <= var * D / CHUNK_D: at most log2(D / CHUNK_D) bits of the variance are lost.
 
-Backward: ``P`` programs, each owning a block of consecutive rows. It writes dx row by row and sums
-its rows' dy * xhat and dy per column into float32 partials (P, D); a second kernel adds the P
-partials of each column: a deterministic two-stage reduction, no atomics. A row of up to
-``ON_CHIP_BACKWARD`` columns stays in registers, with the column sums beside it. A longer row is
-swept twice per row for dx (row sums, then dx), and the column sums are taken chunk by chunk over
-the program's rows: x and dy are then read three times instead of once.
+Backward: ``P`` programs (about ``PROGRAMS_PER_SM`` per SM), each owning a block of consecutive
+rows. It writes dx and sums its rows' dy * xhat and dy per column into float32 partials (S, P, D),
+one set per parameter gradient wanted; ``column_sum_kernel`` then adds the P partials of each
+column of every set in one launch: a deterministic two-stage reduction, no atomics.
+
+A row of up to ``ON_CHIP_BACKWARD`` columns stays in registers, with the column sums beside it.
+Rows go ``BLOCK_M`` at a time as a (BLOCK_M, BLOCK_D) tile of about ``BACKWARD_TILE`` elements, so
+that every step of a program moves enough bytes to keep the memory busy (D = 512 in bf16: 8 rows,
+8 KB of x and 8 KB of dy per step, not 1 KB each); the column sums are a tile of the same shape,
+summed over its rows once, at the end. With ``PREFETCH`` (2-byte dtypes unless
+``PREFETCH_ITEMSIZE`` says otherwise) the next tile's x and dy are loaded before the current one is
+reduced: at D = 8192 an SM holds one program (16 warps, ~100 registers a thread), and without the
+prefetch its loads stop during every row's reductions and stores. layer_norm's two row sums are
+one two-operand reduction: one round of shared memory and barriers, not two.
+
+A longer row is swept twice per row for dx (row sums, then dx), and the column sums are taken
+chunk by chunk over the program's rows: x and dy are then read three times instead of once.
+
+Column sums: program (j, s) adds the P partials of the ``BLOCK_D`` columns j of set s, in tiles of
+``SUM_TILE`` elements with ``BLOCK_P = min(next_power_of_2(P), SUM_MAX_BLOCK_P)`` rows: narrow
+column blocks make many programs, each with one or two loads (D = 512, P = 256: 32 programs a set,
+each one 256 x 16 load, where 32 x 128 tiles gave 4 programs, each 16 dependent loads of P = 512).
 
 FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): forward 2NDs (+ 8N
 for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory-bound.
@@ -35,8 +51,12 @@ from ._launch import block_indices
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
 CHUNK_D = 4096  # the block of columns of a longer row, swept in a loop
-PROGRAMS_PER_SM = 4  # backward: programs per streaming multiprocessor (1 SM under the interpreter)
-SUM_BLOCK_P, SUM_BLOCK_D = 32, 128  # tile of the partial-sum reduction
+BACKWARD_TILE = 4096  # backward: rows of up to this many columns go several at a time, in tiles of this size
+BACKWARD_THREAD_ELEMENTS = 16  # backward: elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
+PREFETCH_ITEMSIZE = 2  # backward: load the next tile ahead for dtypes of at most this many bytes (0: never)
+BACKWARD_STAGES = None  # backward: num_stages of the row loop (None: the compiler's default)
+PROGRAMS_PER_SM = 1  # backward: programs per streaming multiprocessor (1 ran fastest on an H200; 2 and 4 measured)
+SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction: tile elements, rows, warps
 
 
 def _block(d: int, on_chip: int) -> dict:
@@ -115,9 +135,50 @@ def _load_grad_terms(x_row, dy_row, w_ptr, cols, mask, stride_col, mean, rstd):
 
 
 @triton.jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _load_tile(x_ptr, dy_ptr, rows, last, cols, D, stride_row, stride_col):
+    # x and dy of rows (BLOCK_M,) below `last`, columns (BLOCK_D,) below D, in their own dtypes; 0 where masked
+    mask = (rows < last)[:, None] & (cols < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_row + cols[None, :] * stride_col, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+    return x, dy
+
+
+@triton.jit
+def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D, CENTER: tl.constexpr):
+    # one (BLOCK_M, BLOCK_D) tile of whole rows: stores dx (unless dx_ptr is None) and returns the
+    # tile's terms of the column sums (dy * xhat, dy), float32; masked rows and columns give 0
+    row_ok = rows < last
+    col_ok = cols < D
+    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]  # (BLOCK_M, 1); 0 on masked rows
+    mean = 0.0
+    if CENTER:
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
+    xhat = (x.to(tl.float32) - mean) * rstd
+    dy = dy.to(tl.float32)
+    if dx_ptr is not None:
+        g = dy
+        if w_ptr is not None:
+            g = dy * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if CENTER:  # both row sums in one reduction
+            sum_gx, sum_g = tl.reduce((g * xhat, g), 1, _add_pair)
+            dxhat = g - xhat * (sum_gx / D)[:, None] - (sum_g / D)[:, None]
+        else:
+            dxhat = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
+        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], (rstd * dxhat).to(dx_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+    return dy * xhat, dy
+
+
+@triton.jit
 def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
                          N, D, stride_row, stride_col, rows_per_program,
-                         CENTER: tl.constexpr, BLOCK_D: tl.constexpr, ONE_BLOCK: tl.constexpr):
+                         CENTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                         ONE_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr):
     # dy, dx: (N, D) contiguous, dx None when not needed; x: (N, D) strided; w: (D,) or None;
     # mean (CENTER only), rstd: (N,) float32; dw, db: (P, D) float32 partial sums or None.
     pid = tl.program_id(0).to(tl.int64)
@@ -125,27 +186,27 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
     last = tl.minimum(first + rows_per_program, N)
     cols = tl.arange(0, BLOCK_D).to(tl.int64)  # (BLOCK_D,)
     mean = 0.0
-    if ONE_BLOCK:  # rows in registers; the partial sums too, stored once at the end
-        mask = cols < D
-        acc_w = tl.zeros([BLOCK_D], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for row in range(first, last):
-            if CENTER:
-                mean = tl.load(mean_ptr + row)
-            rstd = tl.load(rstd_ptr + row)
-            xhat, dy, g = _load_grad_terms(x_ptr + row * stride_row, dy_ptr + row * D, w_ptr, cols, mask,
-                                           stride_col, mean, rstd)
-            if dx_ptr is not None:
-                dxhat = g - xhat * (tl.sum(g * xhat, axis=0) / D)
-                if CENTER:
-                    dxhat -= tl.sum(g, axis=0) / D
-                tl.store(dx_ptr + row * D + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty), mask=mask)
-            acc_w += dy * xhat
-            acc_b += dy
+    if ONE_BLOCK:  # BLOCK_M whole rows per step; the partial sums in registers, stored once at the end
+        block = tl.arange(0, BLOCK_M).to(tl.int64)  # (BLOCK_M,)
+        acc_w = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if PREFETCH:
+            x_next, dy_next = _load_tile(x_ptr, dy_ptr, first + block, last, cols, D, stride_row, stride_col)
+        for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
+            rows = start + block
+            if PREFETCH:  # this tile was loaded during the previous step; start loading the next one
+                x, dy = x_next, dy_next
+                x_next, dy_next = _load_tile(x_ptr, dy_ptr, rows + BLOCK_M, last, cols, D, stride_row, stride_col)
+            else:
+                x, dy = _load_tile(x_ptr, dy_ptr, rows, last, cols, D, stride_row, stride_col)
+            dw_terms, db_terms = _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D,
+                                                CENTER)
+            acc_w += dw_terms
+            acc_b += db_terms
         if dw_ptr is not None:
-            tl.store(dw_ptr + pid * D + cols, acc_w, mask=mask)
+            tl.store(dw_ptr + pid * D + cols, tl.sum(acc_w, axis=0), mask=cols < D)
         if db_ptr is not None:
-            tl.store(db_ptr + pid * D + cols, acc_b, mask=mask)
+            tl.store(db_ptr + pid * D + cols, tl.sum(acc_b, axis=0), mask=cols < D)
     else:  # rows longer than a block: dx row by row, then the partial sums block of columns by block
         if dx_ptr is not None:
             for row in range(first, last):
@@ -186,15 +247,21 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
 
 
 @triton.jit
-def column_sum_kernel(partials_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    # partials: (P, D) float32; out: (D,) in the parameter's dtype. One program per BLOCK_D columns.
+def column_sum_kernel(partials_ptr, out_ptr, out2_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    # partials: (S, P, D) float32, S = 1 (out2 None) or 2; out, out2: (D,) in the parameters' dtype.
+    # Program (j, s) sums columns j * BLOCK_D ... of set s over its P rows into out (s = 0) or out2 (s = 1).
     cols = block_indices(BLOCK_D)  # (BLOCK_D,) int64
+    s = tl.program_id(1).to(tl.int64)
     acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
     for start in range(0, P, BLOCK_P):
-        rows = start + tl.arange(0, BLOCK_P).to(tl.int64)  # (BLOCK_P,)
-        mask = (rows < P)[:, None] & (cols < D)[None, :]
+        rows = s * P + start + tl.arange(0, BLOCK_P).to(tl.int64)  # (BLOCK_P,) rows of the (S * P, D) partials
+        mask = (start + tl.arange(0, BLOCK_P) < P)[:, None] & (cols < D)[None, :]
         acc += tl.load(partials_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < D)
+    out = out_ptr
+    if out2_ptr is not None:
+        if s == 1:
+            out = out2_ptr
+    tl.store(out + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:
@@ -217,31 +284,53 @@ def norm_forward(x, weight, bias, eps, center):
     return y, x2, mean, rstd
 
 
+def _backward_options(n: int, d: int, itemsize: int) -> dict:
+    """The backward's launch options: rows that fit ``ON_CHIP_BACKWARD`` in tiles of about
+    ``BACKWARD_TILE`` elements (BLOCK_M rows, at most the next power of two of n), longer ones
+    chunked, one row at a time."""
+    options = _block(d, ON_CHIP_BACKWARD)
+    if not options["ONE_BLOCK"]:
+        return {**options, "BLOCK_M": 1, "PREFETCH": False}
+    block_m = min(max(BACKWARD_TILE // options["BLOCK_D"], 1), triton.next_power_of_2(max(n, 1)))
+    warps = min(max(block_m * options["BLOCK_D"] // (32 * BACKWARD_THREAD_ELEMENTS), 1), 16)
+    return {**options, "BLOCK_M": block_m, "PREFETCH": itemsize <= PREFETCH_ITEMSIZE, "num_warps": warps}
+
+
 def norm_backward(dout, x2, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)`` (None where ``needs`` says no); dout is contiguous, shaped like x;
     x2 (N, D) and mean (None for rms_norm), rstd come from ``norm_forward``."""
     n, d = x2.shape
     device = x2.device
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if x2.is_cuda else 1
-    rows_per_program = max(1, triton.cdiv(n, PROGRAMS_PER_SM * sms))
+    options = _backward_options(n, d, x2.element_size())
+    # the interpreter counts as 4 SMs: several programs, so the CPU tests cover the column sums of partials
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if x2.is_cuda else 4
+    tiles = triton.cdiv(n, options["BLOCK_M"])
+    rows_per_program = options["BLOCK_M"] * max(1, triton.cdiv(tiles, PROGRAMS_PER_SM * sms))
     programs = max(1, triton.cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums
     dx = torch.empty(dout.shape, dtype=x2.dtype, device=device) if needs[0] else None
-    dw = torch.empty(programs, d, dtype=torch.float32, device=device) if needs[1] else None
-    db = torch.empty(programs, d, dtype=torch.float32, device=device) if needs[2] else None
+    sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
+    partials = torch.empty(sets, programs, d, dtype=torch.float32, device=device) if sets else None
+    dw = partials[0] if needs[1] else None
+    db = partials[sets - 1] if needs[2] else None
     norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, n, d,
                                       x2.stride(0), x2.stride(1), rows_per_program,
-                                      CENTER=mean is not None, **_block(d, ON_CHIP_BACKWARD))
-    return dx, _column_sum(dw, x2.dtype), _column_sum(db, x2.dtype)
+                                      CENTER=mean is not None, STAGES=BACKWARD_STAGES, **options)
+    sums = _column_sums(partials, x2.dtype)
+    return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
 
 
-def _column_sum(partials, dtype):
+def _column_sums(partials, dtype) -> list:
+    """The column sums (D,) in ``dtype`` of each set of the (S, P, D) float32 partials (S = 0, 1 or 2)."""
     if partials is None:
-        return None
-    p, d = partials.shape
-    out = torch.empty(d, dtype=dtype, device=partials.device)
+        return []
+    s, p, d = partials.shape
+    outs = [torch.empty(d, dtype=dtype, device=partials.device) for _ in range(s)]
     if d:
-        column_sum_kernel[(triton.cdiv(d, SUM_BLOCK_D),)](partials, out, p, d, BLOCK_P=SUM_BLOCK_P, BLOCK_D=SUM_BLOCK_D)
-    return out
+        block_p = min(triton.next_power_of_2(p), SUM_MAX_BLOCK_P)
+        block_d = max(SUM_TILE // block_p, 1)
+        column_sum_kernel[(triton.cdiv(d, block_d), s)](partials, outs[0], outs[1] if s == 2 else None, p, d,
+                                                         BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
+    return outs
 
 
 def _dense(t):
