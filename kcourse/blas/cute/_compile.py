@@ -38,6 +38,23 @@ checks each pointer against the alignment and element type the kernel was compil
 first use the Kernel checks, byte for byte, that its block holds what the DSL's own marshalling
 (``compiled.generate_execution_args``) makes of the same arguments, so a DSL version that passes
 arguments differently fails loudly at compile time instead of launching with wrong values.
+
+The C call itself skips the DSL's per-call work too. ``run_compiled_program`` takes a lock, copies
+every address into a fresh array of C pointers (about 0.1 us per argument) and calls the C
+function through its executor. The addresses never change, so after the first launch (made the
+DSL's way: it loads the module onto the GPU) a Kernel keeps its own copy of the array that the
+executor built and calls the executor's C function on it directly, checking the CUDA status it
+writes as the executor does (``_direct_call``); where a DSL version's executor does not look as
+expected, every launch stays the DSL's way.
+
+The host time per call of an op
+-------------------------------
+An op's Python is the rest of its host time: working out its key and launch numbers from its
+operands' dtypes, shapes, strides and alignments, allocating, making pointers. Those decisions
+depend only on a few hashable facts, so ops compute them once per distinct set of facts
+(``plan_cache``) and spend a call on reading the facts, one dictionary look-up and the launch.
+Scratch memory that a launch's kernels hand to each other (partial sums) is kept per kernel and
+stream (``workspace``) rather than allocated on every call.
 """
 from __future__ import annotations
 
@@ -61,6 +78,7 @@ from cutlass.cute.runtime import make_ptr
 
 DTYPES = {torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
           torch.int64: cutlass.Int64, torch.int32: cutlass.Int32}
+PLANS = 1024  # plans an op remembers (distinct dtype / shape / stride / alignment combinations)
 COMPILE_SECONDS: dict[tuple, float] = {}  # (factory name, key, target) -> seconds its first call spent compiling
 _kernels: dict[tuple, Kernel] = {}  # (factory, key, target) -> its Kernel
 _compile_only = False
@@ -80,9 +98,16 @@ def _arch(device_index: int) -> str:
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
+def _current_device() -> int:
+    """``torch.cuda.current_device()`` without its Python wrapper, whose check that CUDA is
+    initialized costs more than the query (the C function initializes CUDA itself); asked on
+    every launch."""
+    return torch._C._cuda_getDevice()
+
+
 def target() -> str:
     """The GPU architecture kernels compile for: the current device's (``sm_90a`` on an H100), else sm_90a."""
-    return _arch(torch.cuda.current_device()) if _has_gpu() else _CPU_TARGET
+    return _arch(_current_device()) if _has_gpu() else _CPU_TARGET
 
 
 def stream(device: torch.device | None = None) -> cuda.CUstream:
@@ -90,10 +115,18 @@ def stream(device: torch.device | None = None) -> cuda.CUstream:
     null stream where there is no GPU or ``device`` is the CPU (compiling only)."""
     if not _has_gpu() or (device is not None and device.type != "cuda"):
         return cuda.CUstream(0)
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    index = _current_device() if device is None or device.index is None else device.index
     # the handle as an int, as torch's generated code gets it; torch.cuda.current_stream() would
     # first build a torch Stream object, several times the cost
     return cuda.CUstream(torch._C._cuda_getCurrentRawStream(index))
+
+
+def stream_of(t: torch.Tensor) -> cuda.CUstream:
+    """``stream(t.device)``, read off the tensor (``t.device`` builds a device object, and its
+    ``type`` a string: half of that function's time)."""
+    if not t.is_cuda:
+        return cuda.CUstream(0)
+    return cuda.CUstream(torch._C._cuda_getCurrentRawStream(t.get_device()))
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -112,6 +145,64 @@ def pointer(t: torch.Tensor, align: int, offset: int = 0) -> PointerArg:
     """A pointer ``offset`` elements past ``t``'s first element (in memory: a sub-view's start
     without making the view), promising ``align`` bytes of alignment, which every launch checks."""
     return PointerArg(t.data_ptr() + offset * t.element_size(), DTYPES[t.dtype], align)
+
+
+# ----------------------------------------------------------------------------- plans
+
+def plan_cache(planner):
+    """``planner`` memoized on its arguments (at most ``PLANS`` of them, least recently used out).
+
+    A *plan* is what an op works out on the host before a launch: the kernel's key, the vector
+    widths, the grid, the numbers it passes. It is a pure function of a few hashable facts about
+    the operands -- dtypes, shapes, strides, each address modulo 16 (no kernel assumes more
+    alignment than 16 bytes), the device -- so an op reads those facts on each call and looks its
+    plan up. A planner that raises (an operand the kernel cannot take) is not memoized: it raises
+    again on the next call."""
+    return functools.lru_cache(maxsize=PLANS)(planner)
+
+
+class View(NamedTuple):
+    """What a plan may depend on of a tensor: its shape, its strides and its address modulo 16."""
+
+    shape: tuple
+    stride: tuple
+    misalignment: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> View:
+        return cls(tuple(t.shape), t.stride(), t.data_ptr() % 16)
+
+
+# ----------------------------------------------------------------------------- workspaces
+
+_workspaces: dict[tuple, torch.Tensor] = {}  # (owner, device index, stream handle) -> its workspace
+
+
+def workspace(owner: tuple, like: torch.Tensor, numel: int) -> torch.Tensor:
+    """A float32 tensor of at least ``numel`` elements on ``like``'s device, for the partial sums
+    that one launch of ``owner`` -- a kernel's ``(factory, key)`` -- writes and reads back: the
+    same tensor on every call on the same stream, instead of a ``torch.empty`` per call.
+
+    Why that is safe: a launch's kernels are all enqueued by one call of the host function, under
+    its Kernel's lock, and run in stream order, so two launches of one kernel on one stream never
+    overlap, even from two threads. Another stream, device or kernel has a workspace of its own.
+    A workspace that grows is replaced; the old one goes back to torch's allocator, which reuses
+    it only in the order of the stream it was made on (this one).
+
+    What it does not cover is a CUDA graph: a captured launch may be replayed alongside another
+    graph or eager calls. So while the current stream is capturing -- or when ``like`` is not on
+    the current device, the one whose capture status torch reports -- the workspace is a fresh
+    tensor (from the graph's own memory pool during a capture), as a ``torch.empty`` would be. Nor
+    a stream destroyed with work pending whose handle a new stream gets (torch never destroys its
+    own streams). Keep the tensor referenced until the launch has been made."""
+    device = like.get_device()
+    if not like.is_cuda or device != _current_device() or torch.cuda.is_current_stream_capturing():
+        return like.new_empty(numel, dtype=torch.float32)
+    where = (owner, device, torch._C._cuda_getCurrentRawStream(device))
+    buffer = _workspaces.get(where)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _workspaces[where] = like.new_empty(numel, dtype=torch.float32)
+    return buffer
 
 
 # How each kind of argument is passed. A slot kind knows its struct format (8 bytes in all), whether
@@ -246,6 +337,12 @@ class Kernel:
         self._block = ctypes.create_string_buffer(self._format.size)
         base = ctypes.addressof(self._block)
         self._addresses = [ctypes.c_void_p(base + 8 * i) for i, slot in enumerate(self._slots) if slot.passed]
+        # The fast fill (``_fill``): the arguments that struct cannot pack as they are.
+        self._pointers = [(i, slot.dtype, slot.align) for i, slot in enumerate(self._slots)
+                          if isinstance(slot, _Pointer)]
+        self._absent = [i for i, slot in enumerate(self._slots) if isinstance(slot, _Absent)]
+        self._streams = [i for i, slot in enumerate(self._slots) if isinstance(slot, _Stream)]
+        self._run = self._first_run  # the C call on the block's addresses
         # One call at a time fills the block and launches from it: the C call releases the GIL, and
         # another thread must not rewrite the block while the host function reads it.
         self._lock = threading.Lock()
@@ -255,7 +352,7 @@ class Kernel:
         """Launch on ``args`` (the same kinds of arguments, in the same places, as at compile time)."""
         with self._lock:
             self._fill(args)
-            self.compiled.run_compiled_program(self._addresses)
+            self._run()
 
     def check(self, args: tuple) -> None:
         """Raise as a launch on ``args`` would, without launching."""
@@ -263,13 +360,47 @@ class Kernel:
             self._fill(args)
 
     def _fill(self, args: tuple) -> None:
-        """Write the C values of ``args`` into the block."""
+        """Write the C values of ``args`` into the block.
+
+        The fast way: struct converts and range-checks numbers itself (an int through its
+        ``__index__``, a float rounded to float32 as a C cast rounds it), so only the pointers (after
+        their check), the Nones and the streams are replaced first. Anything it cannot take -- a
+        wrong argument, or a float beyond float32's range, which struct refuses where a C cast
+        gives inf -- goes the exact way, slot by slot, which converts it or raises."""
+        values = list(args)
+        try:
+            for i, dtype, align in self._pointers:
+                arg = values[i]
+                if type(arg) is not PointerArg or arg.dtype is not dtype or arg.address % align:
+                    raise ValueError
+                values[i] = arg.address
+            for i in self._absent:
+                if values[i] is not None:
+                    raise ValueError
+                values[i] = 0
+            for i in self._streams:
+                values[i] = int(values[i])
+            self._format.pack_into(self._block, 0, *values)
+        except Exception:  # the exact way says what is wrong
+            self._fill_exactly(args)
+
+    def _fill_exactly(self, args: tuple) -> None:
+        """Write the C values of ``args`` into the block, each converted by its slot."""
         if len(args) != len(self._slots):
             raise TypeError(f"{self.name}: {len(args)} arguments, compiled for {len(self._slots)}")
         try:
             self._format.pack_into(self._block, 0, *[c_value(arg) for c_value, arg in zip(self._c_values, args)])
         except (ValueError, struct.error) as e:  # struct.error: a number outside its type's range
             raise ValueError(f"{self.name}: {e}; arguments {args}") from None
+
+    def _first_run(self) -> None:
+        """The first launch, the DSL's way (which loads the module onto the GPU); from then on the
+        direct call where this DSL version allows it."""
+        self._dsl_run()
+        self._run = _direct_call(self.compiled, self._addresses) or self._dsl_run
+
+    def _dsl_run(self) -> None:
+        self.compiled.run_compiled_program(self._addresses)
 
     def _check_marshalling(self, args: tuple) -> None:
         """Check that the block holds byte for byte the C arguments that the DSL's own marshalling
@@ -287,6 +418,32 @@ class Kernel:
             raise RuntimeError(f"{self.name}: the DSL passes these arguments as {len(dsl)} C values "
                                f"{[d.hex() for d in dsl]}, _compile.Kernel as {len(ours)} values "
                                f"{[o.hex() for o in ours]}; this DSL version needs _compile.Kernel updated")
+
+
+def _direct_call(compiled, addresses: list):
+    """A function of no arguments that calls ``compiled``'s C function on ``addresses`` as the DSL's
+    executor does (``JitExecutor.run_compiled_program``: an array of the addresses followed by the
+    executor's own extra arguments -- the address of the CUDA status the C function writes --, the
+    call, then the status checked), with the array built once instead of on every call. None
+    where there is no executor yet (no launch has run) or it is not as this function knows it."""
+    try:
+        executor = compiled._default_executor  # made by the first run_compiled_program
+        c_function, status = executor.capi_func, executor.cuda_result
+        count = len(addresses) + executor._num_extra_args
+        packed = executor._get_invoke_packed_args(list(addresses))[:count]  # the executor's own array
+        from cutlass.base_dsl.runtime import cuda as dsl_cuda
+        error_type = dsl_cuda.cudart.cudaError_t
+    except Exception:  # another DSL version: stay with run_compiled_program
+        return None
+    packed = (ctypes.c_void_p * count)(*packed)
+
+    def direct_call() -> None:
+        c_function(packed)
+        if status is not None and status.value:  # the executor raises the same error
+            raise dsl_cuda.create_cuda_runtime_error(status.value, error_type)
+
+    direct_call.executor = executor  # keeps the loaded module that c_function lives in
+    return direct_call
 
 
 def compile_only(factory, key: tuple, *args) -> Kernel:

@@ -64,7 +64,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from ._compile import DTYPES, launch, pointer, stream
+from ._compile import DTYPES, View, launch, pointer, stream_of
 
 GROUP_M = 8  # tile-rows per L2 group (see the triton kernel)
 _MAX_DIM = 2**31 - 2**10  # sizes and tile counts are Int32, with headroom for "size + tile - 1"
@@ -316,8 +316,10 @@ def _factory(dtype_t: torch.dtype, math_mode: str, a_major: str, a_vec: int, b_m
 
 # ----------------------------------------------------------------------------- host side
 
-def _access(t: torch.Tensor, rows: int, k: int, s_rows: int, s_k: int, s_l: int) -> tuple[str, int]:
-    """(major, vector width) for one operand seen as (rows, k) matrices with these strides.
+def _access(itemsize: int, misalignment: int, rows: int, k: int, s_rows: int, s_k: int,
+            s_l: int) -> tuple[str, int]:
+    """(major, vector width) for one operand seen as (rows, k) matrices with these strides, of
+    ``itemsize``-byte elements starting ``misalignment`` bytes past a 16-byte boundary.
 
     major is "k" when K has unit stride, "mn" when rows do, else "k" (element-wise, any strides).
     The vector width is the widest power of two, up to 16 bytes, dividing the base address (in
@@ -330,35 +332,44 @@ def _access(t: torch.Tensor, rows: int, k: int, s_rows: int, s_k: int, s_l: int)
         major, extent, others = "mn", rows, (s_k, s_l)
     else:
         return "k", 1
-    size = t.element_size()
-    vec = 16 // size
-    while vec > 1 and (t.data_ptr() % (vec * size) or extent % vec or any(s % vec for s in others)):
+    vec = 16 // itemsize
+    while vec > 1 and (misalignment % (vec * itemsize) or extent % vec or any(s % vec for s in others)):
         vec //= 2
     return major, vec
 
 
-def gemm_general(A, B, C, alpha, beta, out):
-    """``out <- alpha * A B + beta * C`` for 3-D A (L, M, K), B (L, K, N), C None or (L, M, N), out (L, M, N)."""
-    L, M, K = A.shape
-    N = B.shape[2]
+def plan(dtype: torch.dtype, tf32: bool, a: View, b: View, c: View | None, o: View):
+    """``(key, pointer alignments (A, B, C, out) in bytes, numbers)`` of the launch for 3-D operands
+    of ``dtype`` (A (L, M, K), B (L, K, N), C None or (L, M, N), out (L, M, N)), ``tf32``: whether
+    float32 may multiply in TF32. ``numbers`` are the 18 between the pointers and alpha."""
+    L, M, K = a.shape
+    N = b.shape[2]
     if max(L, M, N, K) > _MAX_DIM or L * -(-M // 128) * -(-N // 128) > _MAX_DIM:
-        raise ValueError(f"gemm: A is {tuple(A.shape)} and B is {tuple(B.shape)}; the cute kernel takes "
+        raise ValueError(f"gemm: A is {tuple(a.shape)} and B is {tuple(b.shape)}; the cute kernel takes "
                          f"dimensions and tile counts below {_MAX_DIM}")
     # A dimension of size 1 is only ever indexed at 0: its stride does not matter, and 0 makes it
     # divisible by every vector width.
-    sa_l, sa_m, sa_k = (s if n > 1 else 0 for n, s in zip(A.shape, A.stride()))
-    sb_l, sb_k, sb_n = (s if n > 1 else 0 for n, s in zip(B.shape, B.stride()))
-    a_major, a_vec = _access(A, M, K, sa_m, sa_k, sa_l)
-    b_major, b_vec = _access(B, N, K, sb_n, sb_k, sb_l)
-    if A.dtype == torch.float32:
-        math_mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "simt"
+    sa_l, sa_m, sa_k = (s if n > 1 else 0 for n, s in zip(a.shape, a.stride))
+    sb_l, sb_k, sb_n = (s if n > 1 else 0 for n, s in zip(b.shape, b.stride))
+    size = dtype.itemsize
+    a_major, a_vec = _access(size, a.misalignment, M, K, sa_m, sa_k, sa_l)
+    b_major, b_vec = _access(size, b.misalignment, N, K, sb_n, sb_k, sb_l)
+    if dtype == torch.float32:
+        math_mode = "tf32" if tf32 else "simt"
     else:
         math_mode = "mma16"
-    size = A.element_size()
-    key = (A.dtype, math_mode, a_major, a_vec, b_major, b_vec, C is not None)
-    # plain Python numbers: the host function's annotations (Int32, Int64, Float32) type them
-    launch(_factory, key,
-           pointer(A, a_vec * size), pointer(B, b_vec * size), None if C is None else pointer(C, size),
-           pointer(out, size), M, N, K, L, sa_l, sa_m, sa_k, sb_l, sb_k, sb_n,
-           *((0, 0, 0) if C is None else C.stride()), *out.stride(), float(alpha), float(beta), stream(out.device))
+    key = (dtype, math_mode, a_major, a_vec, b_major, b_vec, c is not None)
+    # plain Python numbers: the host function's annotations (Int32, Int64) type them
+    numbers = (M, N, K, L, sa_l, sa_m, sa_k, sb_l, sb_k, sb_n, *((0, 0, 0) if c is None else c.stride), *o.stride)
+    return key, (a_vec * size, b_vec * size, size, size), numbers
+
+
+def gemm_general(A, B, C, alpha, beta, out):
+    """``out <- alpha * A B + beta * C`` for 3-D A (L, M, K), B (L, K, N), C None or (L, M, N), out
+    (L, M, N). (gemm.py's ``gemm`` launches the same plan from its own cache.)"""
+    key, (align_a, align_b, align_c, align_o), numbers = plan(
+        A.dtype, A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32,
+        View.of(A), View.of(B), None if C is None else View.of(C), View.of(out))
+    launch(_factory, key, pointer(A, align_a), pointer(B, align_b), None if C is None else pointer(C, align_c),
+           pointer(out, align_o), *numbers, float(alpha), float(beta), stream_of(out))
     return out

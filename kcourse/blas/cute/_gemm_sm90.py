@@ -94,7 +94,9 @@ What it takes (``supports``), everything else goes to gemm.py's general kernel:
 
 Compile key: (dtype, A k-contiguous, B k-contiguous, out n-contiguous, out ragged, has C, tile_m,
 tile_n, cluster_m, cluster_n, swizzle, max active clusters). Sizes and strides are runtime
-arguments: the TMA descriptors are built on the host from them at each call.
+arguments: the TMA descriptors are built on the host from them at each call (inside the compiled
+host function, in C). ``plan`` derives the key and those numbers from the operands' layouts, so
+gemm.py computes them once per layout (``_compile.plan_cache``).
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def _cdiv(a: int, b: int) -> int:
 # ------------------------------------------------------------------------------------------------
 # Host side: which operands the kernel takes, and how they are described to it
 # ------------------------------------------------------------------------------------------------
-def _tma_matrix(t: torch.Tensor, k_dim: int | None = None) -> tuple[int, int, int, int] | None:
+def _tma_matrix(t: _compile.View, k_dim: int | None = None) -> tuple[int, int, int, int] | None:
     """How TMA can read the 3-D ``t`` (batch, rows, cols), or None if it cannot.
 
     Returns (unit, ld, batch_extent, batch_stride) in elements: ``unit`` is the matrix dim with
@@ -143,8 +145,8 @@ def _tma_matrix(t: torch.Tensor, k_dim: int | None = None) -> tuple[int, int, in
     extent is a multiple of 8.
     """
     batch, rows, cols = t.shape
-    sb, sr, sc = t.stride()
-    if t.data_ptr() % 16:
+    sb, sr, sc = t.stride
+    if t.misalignment:
         return None
     for unit, (n_unit, s_unit), (n_other, s_other) in ((2, (cols, sc), (rows, sr)),
                                                        (1, (rows, sr), (cols, sc))):
@@ -162,6 +164,26 @@ def _tma_matrix(t: torch.Tensor, k_dim: int | None = None) -> tuple[int, int, in
     return None
 
 
+def _describe(a: _compile.View, b: _compile.View, c: _compile.View | None, o: _compile.View):
+    """The ``_tma_matrix`` descriptions of A, B and out when the kernel takes these 3-D operands of
+    one 16-bit dtype (the layout rules of ``supports``), else None."""
+    if c is not None and c.shape != o.shape:
+        return None
+    batch, m, n = o.shape
+    k = a.shape[2]
+    if a.shape[1] != m or b.shape[1:] != (k, n) or a.shape[0] not in (1, batch) or b.shape[0] not in (1, batch):
+        return None  # a batch of 1 in A or B is shared by the whole batch
+    if not all(1 <= d <= _INT32_MAX for d in (batch, m, n, k)):
+        return None
+    out = _tma_matrix(o)
+    if out is None or (batch > 1 and out[2] == 1):  # out must not write two batches to one place
+        return None
+    a_tma, b_tma = _tma_matrix(a, k_dim=2), _tma_matrix(b, k_dim=1)
+    if a_tma is None or b_tma is None:
+        return None
+    return a_tma, b_tma, out
+
+
 def supports(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, out: torch.Tensor) -> bool:
     """True when ``gemm_sm90`` computes this product exactly: float16/bfloat16 on sm_90a; A, B and
     out each with one unit-stride matrix dim and 16-byte-aligned base, other stride and batch stride
@@ -171,18 +193,10 @@ def supports(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, out: torc
         return False
     if any(t.dtype != A.dtype for t in (B, out) + (() if C is None else (C,))):
         return False
-    if A.dim() != 3 or B.dim() != 3 or out.dim() != 3 or (C is not None and C.shape != out.shape):
+    if A.dim() != 3 or B.dim() != 3 or out.dim() != 3 or (C is not None and C.dim() != 3):
         return False
-    batch, m, n = out.shape
-    k = A.shape[2]
-    if A.shape[1] != m or B.shape[1:] != (k, n) or A.shape[0] not in (1, batch) or B.shape[0] not in (1, batch):
-        return False  # a batch of 1 in A or B is shared by the whole batch
-    if not all(1 <= d <= _INT32_MAX for d in (batch, m, n, k)):
-        return False
-    o = _tma_matrix(out)
-    if o is None or (batch > 1 and o[2] == 1):  # out must not write two batches to one place
-        return False
-    return _tma_matrix(A, k_dim=2) is not None and _tma_matrix(B, k_dim=1) is not None
+    view = _compile.View.of
+    return _describe(view(A), view(B), None if C is None else view(C), view(out)) is not None
 
 
 @functools.cache
@@ -203,21 +217,22 @@ def _pick_tile(m: int, n: int, batch: int, sms: int) -> tuple[int, int]:
     return (128, 256) if n > 128 and tiles >= sms else (128, 128)
 
 
-def gemm_sm90(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,
-              out: torch.Tensor, *, tile: tuple[int, int] | None = None) -> torch.Tensor:
-    """``out <- alpha * A B + beta * C`` for 3-D operands that ``supports`` accepts; ``C`` is None
-    when ``beta == 0`` (and is then never read). ``tile`` = (tile_m, tile_n) from ``TILES``
-    overrides the choice. Returns ``out``."""
-    batch, m, n = out.shape
-    k = A.shape[2]
-    a_unit, lda, batch_a, sa = _tma_matrix(A, k_dim=2)  # A (batch, m, k): unit 2 = k-contiguous
-    b_unit, ldb, batch_b, sb = _tma_matrix(B, k_dim=1)  # B (batch, k, n): unit 1 = k-contiguous
-    o_unit, ldo, _, so = _tma_matrix(out)               # out (batch, m, n): unit 2 = n-contiguous
+def plan(dtype: torch.dtype, a: _compile.View, b: _compile.View, c: _compile.View | None, o: _compile.View,
+         device_index: int | None, tile: tuple[int, int] | None = None):
+    """``(key, numbers)`` of the launch for 3-D operands of ``dtype`` (A (batch, m, k), B (batch, k,
+    n), C None or (batch, m, n), out (batch, m, n)) on the GPU ``device_index`` (None: compiling
+    without one): the compile key and the 15 numbers between the pointers and alpha; None where the
+    layout rules of ``supports`` say no. ``tile`` as for ``gemm_sm90``."""
+    described = _describe(a, b, c, o)
+    if described is None:
+        return None
+    (a_unit, lda, batch_a, sa), (b_unit, ldb, batch_b, sb), (o_unit, ldo, _, so) = described
+    batch, m, n = o.shape
+    k = a.shape[2]
     # out's contiguous extent is "ragged" when it does not end on a 16-byte boundary: the TMA store
     # would then write past it (see the epilogue), so edge subtiles are stored without TMA
     out_ragged = (n if o_unit == 2 else m) % VEC != 0
-    device = out.device.index if out.is_cuda else None
-    max_clusters = _max_active_clusters(device, CLUSTER[0] * CLUSTER[1])
+    max_clusters = _max_active_clusters(device_index, CLUSTER[0] * CLUSTER[1])
     tile_m, tile_n = tile or _pick_tile(m, n, batch, max_clusters * CLUSTER[0] * CLUSTER[1])
     if (tile_m, tile_n) not in TILES:
         raise ValueError(f"gemm: tile {tile} is not one of the sm90 kernel's tiles {TILES}")
@@ -225,17 +240,31 @@ def gemm_sm90(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: f
     # scheduler would pad the grid with tiles that lie wholly outside the output.
     clusters_n = _cdiv(_cdiv(n, tile_n), CLUSTER[1])
     swizzle = next(s for s in (8, 4, 2, 1) if clusters_n % s == 0)
-    has_c = C is not None
-    key = (A.dtype, a_unit == 2, b_unit == 1, o_unit == 2, out_ragged, has_c, tile_m, tile_n, *CLUSTER,
+    key = (dtype, a_unit == 2, b_unit == 1, o_unit == 2, out_ragged, c is not None, tile_m, tile_n, *CLUSTER,
            swizzle, max_clusters)
-    c_strides = C.stride() if has_c else (0, 0, 0)
-    _compile.launch(
-        _GemmSm90, key,
-        _compile.pointer(A, 16), _compile.pointer(B, 16),
-        _compile.pointer(C if has_c else out, 2), _compile.pointer(out, 16),
-        m, n, k, batch, batch_a, batch_b, lda, sa, ldb, sb, ldo, so,  # plain numbers: the host function's
-        c_strides[1], c_strides[2], c_strides[0], alpha, beta,          # annotations give their C types
-        _compile.stream(out.device if out.is_cuda else None))
+    c_sl, c_sm, c_sn = c.stride if c is not None else (0, 0, 0)
+    # the host function's annotations give these their C types
+    return key, (m, n, k, batch, batch_a, batch_b, lda, sa, ldb, sb, ldo, so, c_sm, c_sn, c_sl)
+
+
+# The pointers' alignments in bytes (A, B, C, out); C is read element by element, and without C
+# the kernel still takes a pointer there (out's: it is never read).
+ALIGN = (16, 16, 2, 16)
+
+
+def gemm_sm90(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,
+              out: torch.Tensor, *, tile: tuple[int, int] | None = None) -> torch.Tensor:
+    """``out <- alpha * A B + beta * C`` for 3-D operands that ``supports`` accepts; ``C`` is None
+    when ``beta == 0`` (and is then never read). ``tile`` = (tile_m, tile_n) from ``TILES``
+    overrides the choice. Returns ``out``. (gemm.py's ``gemm`` launches the same plan from its own
+    cache.)"""
+    view = _compile.View.of
+    key, numbers = plan(A.dtype, view(A), view(B), None if C is None else view(C), view(out),
+                        out.get_device() if out.is_cuda else None, tile)
+    pointer = _compile.pointer
+    _compile.launch(_GemmSm90, key, pointer(A, ALIGN[0]), pointer(B, ALIGN[1]),
+                    pointer(C if C is not None else out, ALIGN[2]), pointer(out, ALIGN[3]),
+                    *numbers, alpha, beta, _compile.stream_of(out))
     return out
 
 

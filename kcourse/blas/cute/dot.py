@@ -20,6 +20,10 @@ the body starts on a vector boundary), a body of a multiple of VEC elements (so 
 straddles the end), and a tail of fewer than VEC; stage 2 adds the head and the tail. Any other
 layout (a stride, or x and y misaligned differently) runs the same kernels with scalar loads through
 a layout of dynamic strides. n and every offset are 64-bit, so x may hold more than 2^31 elements.
+
+Host time: the split, the grid and the key follow from (dtype, n, strides, addresses modulo 16,
+device) and are worked out once per combination (``_plan``); the partial sums live in a workspace
+kept per stream (``_compile.workspace``), so a call allocates only its 0-d result.
 """
 from __future__ import annotations
 
@@ -118,34 +122,50 @@ def _dot_factory(dtype, vec: int):
     return dot_host
 
 
-def _split(x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
-    """``(vec, head)``: the vector width of the body and the elements before it (see the module doc)."""
-    n, size = x.numel(), x.element_size()
-    if x.stride(0) != 1 or y.stride(0) != 1:
+def _split(size: int, n: int, x_stride: int, y_stride: int, x_misalignment: int,
+           y_misalignment: int) -> tuple[int, int]:
+    """``(vec, head)`` for x, y of ``n`` elements of ``size`` bytes at these strides and addresses
+    modulo 16: the vector width of the body and the elements before it (see the module doc)."""
+    if x_stride != 1 or y_stride != 1:
         return 1, 0
     vec = _reduce.VECTOR_BYTES // size
     while vec > 1:
-        span = vec * size  # bytes per vector: x and y must sit at the same offset modulo it
-        if x.data_ptr() % span == y.data_ptr() % span:
-            head = (-x.data_ptr() % span) // size
+        span = vec * size  # bytes per vector (a divisor of 16): x and y must sit at the same offset modulo it
+        if x_misalignment % span == y_misalignment % span:
+            head = (-x_misalignment % span) // size
             if n - head >= vec:  # at least one whole vector
                 return vec, head
         vec //= 2
     return 1, 0
 
 
-def dot(x, y):
-    """``x^T y`` as a 0-d tensor of ``x.dtype``, accumulated in float32."""
-    n, size = x.numel(), x.element_size()
-    vec, head = _split(x, y)
+@_compile.plan_cache
+def _plan(dtype: torch.dtype, shape: tuple, x_stride: tuple, y_stride: tuple, x_misalignment: int,
+          y_misalignment: int, device: torch.device):
+    """``(key, body alignment, head in bytes, P, numbers)``: the launch for x and y of ``dtype`` and
+    ``shape`` (1-D) at these strides and addresses modulo 16 on ``device``; P is the stage-1 grid,
+    ``numbers`` the arguments after the pointers."""
+    (n,), (xs,), (ys,) = shape, x_stride, y_stride
+    size = dtype.itemsize
+    vec, head = _split(size, n, xs, ys, x_misalignment, y_misalignment)
     body = (n - head) // vec * vec  # elements the vector kernel reads
     tiles = -(-body // (NUM_THREADS * vec * UNROLL))
-    num_ctas = max(1, min(tiles, CTAS_PER_SM * _reduce.sm_count(x.device)))
-    partials = torch.empty(num_ctas, dtype=torch.float32, device=x.device)
-    out = torch.empty((), dtype=x.dtype, device=x.device)
-    pointer = _compile.pointer
-    _compile.launch(_dot_factory, (_compile.DTYPES[x.dtype], vec),
-                    pointer(x, vec * size, offset=head), pointer(y, vec * size, offset=head),  # the bodies
-                    pointer(x, size), pointer(y, size), pointer(partials, 4), pointer(out, size),
-                    n, head, body, x.stride(0), y.stride(0), num_ctas, _compile.stream(x.device))
+    num_ctas = max(1, min(tiles, CTAS_PER_SM * _reduce.sm_count(device)))
+    return (_compile.DTYPES[dtype], vec), vec * size, head * size, num_ctas, (n, head, body, xs, ys, num_ctas)
+
+
+def dot(x, y):
+    """``x^T y`` as a 0-d tensor of ``x.dtype``, accumulated in float32."""
+    xp, yp = x.data_ptr(), y.data_ptr()
+    key, align, head, num_ctas, numbers = _plan(x.dtype, x.shape, x.stride(), y.stride(), xp % 16, yp % 16,
+                                                x.device)
+    partials = _compile.workspace((_dot_factory, key), x, num_ctas)  # stage 1's sums: float32 (P,)
+    out = x.new_empty(())
+    element, size = key[0], x.element_size()
+    pointer = _compile.PointerArg
+    _compile.launch(_dot_factory, key,
+                    pointer(xp + head, element, align), pointer(yp + head, element, align),  # the bodies
+                    pointer(xp, element, size), pointer(yp, element, size),
+                    pointer(partials.data_ptr(), cutlass.Float32, 4), pointer(out.data_ptr(), element, size),
+                    *numbers, _compile.stream_of(x))
     return out

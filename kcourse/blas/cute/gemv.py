@@ -35,6 +35,10 @@ VEC for rows; m and the column stride for cols); otherwise a kernel for 64- or 3
 accesses is compiled, and rows with a non-unit column stride go through a layout of dynamic
 strides. Offsets are 64-bit (A may hold more than 2^31 elements); m and n must each be below
 MAX_DIM. With beta == 0, y is None: the kernels are compiled without it and never read it.
+
+Host time: the orientation, vector widths, split and key follow from (dtype, shape, strides,
+addresses modulo 16, device) and are worked out once per combination (``_plan``); the split's
+partial sums live in a workspace kept per stream (``_compile.workspace``).
 """
 from __future__ import annotations
 
@@ -268,42 +272,56 @@ def _splits(blocks: int, n: int, step: int, device: torch.device) -> tuple[int, 
     return max(1, -(-n // chunk)), chunk
 
 
-def gemv(A, x, y, alpha, beta, out):
-    """``out <- alpha * A x + beta * y`` (``y`` is None when ``beta == 0``); returns ``out``."""
-    m, n = A.shape
+@_compile.plan_cache
+def _plan(dtype: torch.dtype, shape: tuple, a_stride: tuple, a_misalignment: int, x_stride: tuple,
+          x_misalignment: int, has_y: bool, device: torch.device):
+    """``(factory, key, alignments of A and x, S, (m, n, A's strides, x's stride), (chunk, S))``: the
+    launch for A of ``dtype`` and ``shape`` (m, n) at these strides and address modulo 16, x
+    likewise, on ``device`` (None for m == 0: nothing to do); S is the number of column chunks (a
+    partial-sum workspace (S, m) when S > 1)."""
+    m, n = shape
     if m >= MAX_DIM or n >= MAX_DIM:
-        raise ValueError(f"gemv: A is {tuple(A.shape)}; the cute kernel takes at most {MAX_DIM - 1} rows "
+        raise ValueError(f"gemv: A is {tuple(shape)}; the cute kernel takes at most {MAX_DIM - 1} rows "
                          "and columns (its element offsets are 64-bit, its row and column indices 32-bit)")
     if m == 0:
-        return out
-    size, device = A.element_size(), A.device
-    s0 = A.stride(0) if m > 1 else 0  # a stride of a dim of size 1 is never used
-    s1 = A.stride(1) if n > 1 else 0
-    pointer = _compile.pointer
-    dtype = _compile.DTYPES[A.dtype]
-    pY = pointer(y, size) if y is not None else None
-    y_stride = y.stride(0) if y is not None else 0
+        return None
+    size, element = dtype.itemsize, _compile.DTYPES[dtype]
+    s0 = a_stride[0] if m > 1 else 0  # a stride of a dim of size 1 is never used
+    s1 = a_stride[1] if n > 1 else 0
+    (xs,) = x_stride
     if s0 == 1 and s1 != 1:  # column-major: coalesce along m
-        vec = _reduce.vector_width(size, (A.data_ptr(),), (m, s1))
+        vec = _reduce.vector_width(size, (a_misalignment,), (m, s1))
         lanes = min(_reduce.WARP, _reduce.pow2_at_least(-(-m // vec)))  # enough to cover m, at most a warp
         step = NUM_THREADS // lanes * UNROLL
         splits, chunk = _splits(-(-m // (lanes * vec)), n, step, device)
-        partials = torch.empty(splits, m, dtype=torch.float32, device=device) if splits > 1 else None
-        _compile.launch(_cols_factory, (dtype, vec, lanes, y is not None, splits > 1),
-                        pointer(A, vec * size), pointer(x, size), pY, pointer(out, size),
-                        pointer(partials, 4) if partials is not None else None, m, n, s1, x.stride(0),
-                        y_stride, out.stride(0), alpha, beta, chunk, splits, _compile.stream(device))
-        return out
-    vec = _reduce.vector_width(size, (A.data_ptr(),), (n, s0)) if s1 in (0, 1) else 1
-    x_vec = _reduce.vector_width(size, (x.data_ptr(),), (vec,)) if x.stride(0) == 1 or n == 1 else 0
+        return (_cols_factory, (element, vec, lanes, has_y, splits > 1), (vec * size, size), splits,
+                (m, n, s1, xs), (chunk, splits))
+    vec = _reduce.vector_width(size, (a_misalignment,), (n, s0)) if s1 in (0, 1) else 1
+    x_vec = _reduce.vector_width(size, (x_misalignment,), (vec,)) if xs == 1 or n == 1 else 0
     threads_per_row = min(_reduce.WARP, _reduce.pow2_at_least(-(-n // (vec * UNROLL))))  # a step covers a row
     if threads_per_row == _reduce.WARP and m < NUM_THREADS // _reduce.WARP:
         threads_per_row = NUM_THREADS  # a few long rows: the whole CTA on each
     step = threads_per_row * vec * UNROLL
     splits, chunk = _splits(-(-m // (NUM_THREADS // threads_per_row)), n, step, device)
-    partials = torch.empty(splits, m, dtype=torch.float32, device=device) if splits > 1 else None
-    _compile.launch(_rows_factory, (dtype, vec, x_vec, threads_per_row, y is not None, splits > 1),
-                    pointer(A, vec * size), pointer(x, max(x_vec, 1) * size), pY, pointer(out, size),
-                    pointer(partials, 4) if partials is not None else None, m, n, s0, s1, x.stride(0),
-                    y_stride, out.stride(0), alpha, beta, chunk, splits, _compile.stream(device))
+    return (_rows_factory, (element, vec, x_vec, threads_per_row, has_y, splits > 1),
+            (vec * size, max(x_vec, 1) * size), splits, (m, n, s0, s1, xs), (chunk, splits))
+
+
+def gemv(A, x, y, alpha, beta, out):
+    """``out <- alpha * A x + beta * y`` (``y`` is None when ``beta == 0``); returns ``out``."""
+    a, xp = A.data_ptr(), x.data_ptr()
+    plan = _plan(A.dtype, A.shape, A.stride(), a % 16, x.stride(), xp % 16, y is not None, A.device)
+    if plan is None:
+        return out
+    factory, key, (align_a, align_x), splits, dims, tail = plan
+    element, size = key[0], A.element_size()
+    pointer = _compile.PointerArg
+    pY, y_stride = (None, 0) if y is None else (pointer(y.data_ptr(), element, size), y.stride()[0])
+    partials = pPartials = None
+    if splits > 1:  # the (S, m) float32 partial sums (referenced until the launch is made)
+        partials = _compile.workspace((factory, key), A, splits * dims[0])
+        pPartials = pointer(partials.data_ptr(), cutlass.Float32, 4)
+    _compile.launch(factory, key, pointer(a, element, align_a), pointer(xp, element, align_x), pY,
+                    pointer(out.data_ptr(), element, size), pPartials, *dims, y_stride, out.stride()[0],
+                    alpha, beta, *tail, _compile.stream_of(A))
     return out

@@ -29,6 +29,10 @@ The vector width is the widest that the addresses, the extents and the strides a
 bits, checked on the host). Tiles are numbered along one grid axis (a second one would cap the count
 at 65535); offsets are 64-bit, so A may hold more than 2^31 elements, while m and n must each be
 below MAX_DIM.
+
+Host time: the layout, the vector width and the transposition follow from (dtype, shape, A's and
+out's strides and addresses modulo 16) and are worked out once per combination (``_plan``); the
+transposition swaps x and y and reverses shapes and strides: it makes no views.
 """
 from __future__ import annotations
 
@@ -130,17 +134,17 @@ def _geru_factory(dtype, layout: str, vec: int, threads_per_row: int):
     return geru_host
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int]:
-    """``t``'s strides, 0 for a dim of size 1 (its stride is never used)."""
-    return tuple(s if d > 1 else 0 for s, d in zip(t.stride(), t.shape))
+def _strides(shape: tuple, stride: tuple) -> tuple[int, int]:
+    """The strides of a 2-D tensor, 0 for a dim of size 1 (its stride is never used)."""
+    return tuple(s if d > 1 else 0 for s, d in zip(stride, shape))
 
 
-def _plan(A: torch.Tensor, out: torch.Tensor) -> tuple[str, int, int]:
-    """``(layout, vec, threads_per_row)`` for A and out, out's second dim being its contiguous one."""
-    m, n = A.shape
-    size = A.element_size()
-    (a0, a1), (o0, o1) = _strides(A), _strides(out)
-    addresses = (A.data_ptr(), out.data_ptr())
+def _layout(size: int, shape: tuple, a: tuple, o: tuple, addresses: tuple) -> tuple[str, int, int]:
+    """``(layout, vec, threads_per_row)`` for A and out of this (m, n) ``shape``, ``size``-byte
+    elements, strides ``a`` and ``o`` (0 for a dim of size 1) and addresses modulo 16, out's second
+    dim being its contiguous one."""
+    m, n = shape
+    (a0, a1), (o0, o1) = a, o
     if o1 in (0, 1) and a1 in (0, 1):
         vec = _reduce.vector_width(size, addresses, (n, a0, o0))
         return "rows", vec, min(_reduce.WARP, _reduce.pow2_at_least(-(-n // vec)))  # enough to cover n
@@ -151,21 +155,39 @@ def _plan(A: torch.Tensor, out: torch.Tensor) -> tuple[str, int, int]:
     return "strided", 1, _reduce.WARP
 
 
+@_compile.plan_cache
+def _plan(dtype: torch.dtype, shape: tuple, a_stride: tuple, a_misalignment: int, out_stride: tuple,
+          out_misalignment: int):
+    """``(key, alignment of A and out, whether x and y swap, (m, n, A's strides), out's strides)``:
+    the launch for A and out of ``dtype`` and ``shape`` at these strides and addresses modulo 16,
+    as the kernel sees them (transposed for a column-major out); None for an empty A."""
+    m, n = shape
+    if m >= MAX_DIM or n >= MAX_DIM:
+        raise ValueError(f"geru: A is {tuple(shape)}; the cute kernel takes at most {MAX_DIM - 1} rows "
+                         "and columns (its element offsets are 64-bit, its row and column indices 32-bit)")
+    if m == 0 or n == 0:
+        return None
+    a, o = _strides(shape, a_stride), _strides(shape, out_stride)
+    swap = o[1] not in (0, 1) and o[0] == 1
+    if swap:  # column-major out: out^T = A^T + alpha y x^T
+        shape, a, o = (n, m), a[::-1], o[::-1]
+    size = dtype.itemsize
+    layout, vec, threads_per_row = _layout(size, shape, a, o, (a_misalignment, out_misalignment))
+    return (_compile.DTYPES[dtype], layout, vec, threads_per_row), vec * size, swap, (*shape, *a), o
+
+
 def geru(A, x, y, alpha, out):
     """``out <- A + alpha * x y^T``; returns ``out``."""
-    m, n = A.shape
-    if m >= MAX_DIM or n >= MAX_DIM:
-        raise ValueError(f"geru: A is {tuple(A.shape)}; the cute kernel takes at most {MAX_DIM - 1} rows "
-                         "and columns (its element offsets are 64-bit, its row and column indices 32-bit)")
-    if A.numel() == 0:
+    a, o = A.data_ptr(), out.data_ptr()
+    plan = _plan(A.dtype, A.shape, A.stride(), a % 16, out.stride(), o % 16)
+    if plan is None:
         return out
-    result = out
-    if _strides(out)[1] not in (0, 1) and _strides(out)[0] == 1:  # column-major out: out^T = A^T + alpha y x^T
-        A, x, y, out = A.mT, y, x, out.mT
-    layout, vec, threads_per_row = _plan(A, out)
-    size = A.element_size()
-    _compile.launch(_geru_factory, (_compile.DTYPES[A.dtype], layout, vec, threads_per_row),
-                    _compile.pointer(A, vec * size), _compile.pointer(x, size), _compile.pointer(y, size),
-                    _compile.pointer(out, vec * size), *A.shape, *_strides(A), x.stride(0), y.stride(0),
-                    *_strides(out), alpha, _compile.stream(A.device))
-    return result
+    key, align, swap, dims, out_strides = plan
+    if swap:
+        x, y = y, x
+    element, size = key[0], A.element_size()
+    pointer = _compile.PointerArg
+    _compile.launch(_geru_factory, key, pointer(a, element, align), pointer(x.data_ptr(), element, size),
+                    pointer(y.data_ptr(), element, size), pointer(o, element, align), *dims,
+                    x.stride()[0], y.stride()[0], *out_strides, alpha, _compile.stream_of(A))
+    return out
