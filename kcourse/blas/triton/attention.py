@@ -13,17 +13,29 @@ S and P never reach device memory. The forward walks the keys BLOCK_N at a time 
 of queries, keeping a running row max m and row sum l (online softmax: when the max grows, the
 accumulator and l are rescaled by exp(m_old - m_new)), and divides by l once at the end. The cache
 is (q, k, v, out, lse) with lse the float32 log-sum-exp of each query row (B, H, Tq): the backward
-recomputes P_ij = exp(S_ij - lse_i) tile by tile. The backward is three kernels:
-  - delta: delta_i = rowsum(dO * out), float32 (B, H, Tq);
+recomputes P_ij = exp(S_ij - lse_i) tile by tile. The backward is two kernels, in this order:
+  - dQ: one program per BLOCK_M queries, which walks the keys like the forward; it also computes
+    delta_i = rowsum(dO * out) of its rows (float32, (B, H, Tq)) and stores it for the next kernel
+    (when dQ is not wanted, a small kernel computes delta alone);
   - dK, dV: one program per BLOCK_N keys of a kv head, which walks the query tiles of every query
     head of its group (grouped-query attention: the sum over the group is a loop in one program,
-    deterministic, no atomics and no expanded copy of k, v);
-  - dQ: one program per BLOCK_M queries, which walks the keys like the forward.
+    deterministic, no atomics and no expanded copy of k, v).
+Work (FlashAttention's count, halved under the causal mask): forward 4 B H Tq Tk D FLOP, backward
+2.5 times that; the dQ kernel recomputes S and dP, so the backward does 7 instead of 5 T x T x D
+products (the price of no atomics: deterministic). Each tensor crosses device memory about once (q,
+k, v, out, lse forward; those, dO, delta and the gradients backward), but k, v are re-read for each
+query tile and q, dO for each key tile: 2 T D elements per 4 BLOCK T D FLOP, BLOCK / 2 FLOP per
+byte in 16-bit, which L2 serves (HBM alone would need ~300 on an H100). Hence tiles as large as
+the registers allow (a program's accumulator is BLOCK x D float32), autotuned per (Tq, Tk, D,
+causal).
 Details worth reading the kernels for:
-  - exponentials are exp2 with the scale folded in (c log2 e), as the hardware has exp2;
+  - exponentials are exp2 with the scale folded in (c log2 e), as the hardware has exp2; on
+    unmasked tiles the row max of c S is c times the row max of S (the min when c < 0), so each
+    score costs one fused multiply-add and one exp2;
   - causal: tiles that are fully masked are skipped (the loops stop at the diagonal), tiles wholly
-    below it run without a mask (MASK=False), only the tiles that straddle it or the key tail pay
-    for the mask; the forward runs the longest rows first (reversed program order);
+    below it run without a mask (MASK=False) and load k, v with no row mask, only the tiles that
+    straddle it or the key tail pay for the mask; the forward runs the longest rows first
+    (reversed program order);
   - the head dim is padded to a power of two (>= 16) with masked, zero-filled loads; tails of the
     sequence are masked loads too. In the dK, dV kernel a padded query row loads lse = +inf, so its
     P is exactly 0 and it adds nothing; padded key rows of that kernel are computed and dropped;
@@ -48,19 +60,29 @@ MAX_HEAD_DIM = 128
 
 
 def _configs(sizes):
+    """triton.Config objects from (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in sizes]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the interpreter gets one small config with several
-# tiles per row of a test-sized problem. On an H100, configs that do not fit are skipped by the
-# autotuner (float32 with D = 128 needs the smaller tiles).
+# Autotuned tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), one list for head dims up to 64 and one
+# for 65..128 (key: the larger BLOCK_D). Each compiles for sm_90 without register spills (ptxas -v)
+# in 16-bit types at D = 64 and 128 without grouped-query heads (the group loop of the dK, dV kernel
+# costs registers: there some spill, and the autotuner weighs them); the float32 prune
+# (tiles_that_fit) leaves the small tiles at the end of each list. The interpreter gets one small
+# config with several tiles per row of a test-sized problem.
 if INTERPRET:
-    FWD_CONFIGS = DQ_CONFIGS = _configs([(32, 16, 4, 1)])
-    DKDV_CONFIGS = _configs([(16, 32, 4, 1)])
+    FWD_CONFIGS = DQ_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)]))
+    DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)]))
 else:
-    FWD_CONFIGS = _configs([(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)])
-    DKDV_CONFIGS = _configs([(32, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2), (16, 32, 4, 2)])
-    DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])
+    FWD_CONFIGS = {64: _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
+                   128: _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2)])}
+    DKDV_CONFIGS = {64: _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 2),
+                                  (16, 32, 4, 2)]),
+                    128: _configs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 4, 2),
+                                   (16, 32, 4, 2)])}
+    DQ_CONFIGS = {64: _configs([(128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
+                  128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
+
 
 
 def tiles_that_fit(configs, args, **kwargs):
@@ -74,18 +96,29 @@ def tiles_that_fit(configs, args, **kwargs):
     return fit or configs[-1:]
 
 
-def _autotune(configs):
-    return triton.autotune(configs=configs, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION"],
-                           prune_configs_by={"early_config_prune": tiles_that_fit})
+def _autotune(table):
+    """Autotune over ``table[64]`` for head dims up to 64 (BLOCK_D <= 64), ``table[128]`` above."""
+    def prune(configs, args, **kwargs):
+        return tiles_that_fit(table[64 if kwargs["BLOCK_D"] <= 64 else 128], args, **kwargs)
+
+    union = table[64] + [c for c in table[128] if c not in table[64]]
+    return triton.autotune(configs=union, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION"],
+                           prune_configs_by={"early_config_prune": prune})
 
 
 @triton.jit
 def _load_rows(ptr, rows, n_rows, stride_t, stride_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               UPCAST: tl.constexpr):
-    """The (len(rows), BLOCK_D) tile of a (n_rows, HEAD_DIM) matrix, zero outside it."""
+               UPCAST: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """The (len(rows), BLOCK_D) tile of a (n_rows, HEAD_DIM) matrix, zero outside it; without
+    CHECK_ROWS every row is known to be inside and only the padded head dims are masked."""
     dims = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < n_rows) & (dims[None, :] < HEAD_DIM)
-    tile = tl.load(ptr + rows[:, None].to(tl.int64) * stride_t + dims[None, :] * stride_d, mask=mask, other=0.0)
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_t + dims[None, :] * stride_d
+    if CHECK_ROWS:
+        tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (dims[None, :] < HEAD_DIM), other=0.0)
+    elif HEAD_DIM < BLOCK_D:
+        tile = tl.load(ptrs, mask=dims[None, :] < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(ptrs)
     if UPCAST:
         tile = tile.to(tl.float32)
     return tile
@@ -123,23 +156,38 @@ def _key_ranges(start_m, Tk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
 # ----------------------------------------------------------------------------- forward
 
 @triton.jit
+def _softmax_update(s, m_i, l_i, rows, cols, Tk, qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                    NEG_SCALE: tl.constexpr):
+    """Online softmax over one more tile of raw scores s = q k^T (BLOCK_M, BLOCK_N): the new row max
+    m (log2 units), the tile's probabilities p relative to it, the factor alpha that rescales what
+    was summed under the old max, and the new row sum l."""
+    if MASK:  # scale, then hide: -inf whatever the sign of the scale (0 included)
+        s = tl.where(_visible(rows, cols, Tk, CAUSAL), s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+    else:  # max_j c s_j = c max_j s_j (c min_j s_j for c < 0): one fused multiply-add per element
+        if NEG_SCALE:
+            m_new = tl.maximum(m_i, tl.min(s, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kt, stride_kd, stride_vt, stride_vd, rows, Tk, qk_scale, lo, hi,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    # acc: (BLOCK_M, BLOCK_D); l_i, m_i: (BLOCK_M,) in log2 units; q: (BLOCK_M, BLOCK_D)
+               BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, NEG_SCALE: tl.constexpr):
+    # acc: (BLOCK_M, BLOCK_D) float32; l_i, m_i: (BLOCK_M,) in log2 units; q: (BLOCK_M, BLOCK_D);
+    # without MASK every key of [lo, hi) is < Tk and the K, V loads take no row mask
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_N, BLOCK_D)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        if MASK:
-            s = tl.where(_visible(rows, cols, Tk, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees key 0 in its first tile
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_N, BLOCK_D)
+        k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST, MASK)  # (BLOCK_N, BLOCK_D)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
+        p, alpha, l_i, m_i = _softmax_update(s, m_i, l_i, rows, cols, Tk, qk_scale, MASK, CAUSAL, NEG_SCALE)
+        v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST, MASK)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -147,8 +195,9 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kt, stride_kd, stride_vt, stride_v
 @triton.jit
 def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd, svb, svh, svt, svd,
                          sob, soh, sot, sod, GROUP, Tq, Tk, qk_scale,
-                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         CAUSAL: tl.constexpr, NEG_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); lse: (B, H, Tq) float32, contiguous
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest causal rows first
     h, b = tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -158,19 +207,19 @@ def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd
     K += b * skb + hk * skh
     V += b * svb + hk * svh
     rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
-    q = _load_rows(Q, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_M, BLOCK_D)
+    q = _load_rows(Q, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, end = _key_ranges(start_m, Tk, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, 0, full,
-                               PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)
+                               PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, NEG_SCALE)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
-                               PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)
+                               PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, NEG_SCALE)
 
     O += b * sob + h.to(tl.int64) * soh
-    _store_rows(O, acc / l_i[:, None], rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
+    _store_rows(O, acc * (1.0 / l_i)[:, None], rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
     lse = (m_i + tl.math.log2(l_i)) / LOG2E  # natural log
     tl.store(LSE + (b * H + h) * Tq + rows, lse, mask=rows < Tq)
 
@@ -184,8 +233,8 @@ def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, Tq,
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     H = tl.num_programs(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO + (b * H + h) * Tq * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, True)
+    o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
+    do = _load_rows(DO + (b * H + h) * Tq * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, True, True)
     tl.store(DELTA + (b * H + h) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
 
 
@@ -196,12 +245,12 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, cols, Tq,
     # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_M, BLOCK_D)
-        do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_M, BLOCK_D)
-        lse = tl.load(LSE + rows, mask=rows < Tq, other=float("inf"))  # padded rows: P = 0
+        q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
+        do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
+        lse = tl.load(LSE + rows, mask=rows < Tq, other=float("inf")) * LOG2E  # padded rows: P = 0
         delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M): S^T, log2 units
-        p_t = tl.math.exp2(s_t - lse[None, :] * LOG2E)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M): S^T, unscaled
+        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
         if MASK:  # causal: key j is seen by queries i >= j
             p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # P^T dO
@@ -223,8 +272,8 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
     hk, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     Hkv = tl.num_programs(1)
     cols = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices
-    k = _load_rows(K + b * skb + hk * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_N, BLOCK_D)
-    v = _load_rows(V + b * svb + hk * svh, cols, Tk, svt, svd, HEAD_DIM, BLOCK_D, UPCAST)
+    k = _load_rows(K + b * skb + hk * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(V + b * svb + hk * svh, cols, Tk, svt, svd, HEAD_DIM, BLOCK_D, UPCAST, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if CAUSAL:  # query tiles before [lo, mid) see none of these keys, tiles after see all of them
@@ -252,13 +301,14 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
 def _dq_tiles(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stride_vd, rows, Tk, qk_scale, lo, hi,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    # dq, q, do: (BLOCK_M, BLOCK_D); lse (log2 units), delta: (BLOCK_M,)
+    # dq, q, do: (BLOCK_M, BLOCK_D); lse (log2 units), delta: (BLOCK_M,); without MASK every key of
+    # [lo, hi) is < Tk and the K, V loads take no row mask
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        p = tl.math.exp2(s - lse[:, None])
+        k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST, MASK)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST, MASK)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASK:
             p = tl.where(_visible(rows, cols, Tk, CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
@@ -269,21 +319,24 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stri
 
 @_autotune(DQ_CONFIGS)
 @triton.jit
-def attention_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                        svb, svh, svt, svd, GROUP, Tq, Tk, qk_scale, sm_scale,
+def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
+                        svb, svh, svt, svd, sob, soh, sot, sod, GROUP, Tq, Tk, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); do, dq: (B, H, Tq, HEAD_DIM)
-    # contiguous; lse, delta: (B, H, Tq) float32
+    # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); do, dq: (B, H, Tq, HEAD_DIM)
+    # contiguous; lse: (B, H, Tq) float32. Writes delta (B, H, Tq) float32 too: its rows are this
+    # program's, and the dK, dV kernel reads it after.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     hk = h // GROUP
     row0 = (b * tl.num_programs(1) + h) * Tq  # this head's first row in do, dq, lse, delta
     rows = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(Q + b * sqb + h * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST)
-    do = _load_rows(DO + row0 * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST)
+    q = _load_rows(Q + b * sqb + h * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST, True)
+    do = _load_rows(DO + row0 * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)
+    o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
+    delta = tl.sum(o * do.to(tl.float32), 1)  # (BLOCK_M,)
+    tl.store(DELTA + row0 + rows, delta, mask=rows < Tq)
     lse = tl.load(LSE + row0 + rows, mask=rows < Tq, other=0.0) * LOG2E
-    delta = tl.load(DELTA + row0 + rows, mask=rows < Tq, other=0.0)
     K += b * skb + hk * skh
     V += b * svb + hk * svh
 
@@ -322,9 +375,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
+    args = (H // k.shape[1], Tq, Tk, scale * LOG2E.value)
     attention_fwd_kernel[_grid(Tq, B, H, "BLOCK_M")](
-        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H // k.shape[1], Tq, Tk,
-        scale * LOG2E.value, CAUSAL=causal, **meta)
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *args,
+        CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
     return out, (q, k, v, out, lse)
 
 
@@ -341,16 +395,17 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     strides = (*q.stride(), *k.stride(), *v.stride())
     args = (H // Hkv, Tq, Tk, scale * LOG2E.value, scale)
     delta = torch.empty_like(lse)
-    attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
-                                                       BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     dq = dk = dv = None
+    if needs[0]:  # the dQ kernel computes delta on the way
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q, k, v, out, dout, lse, delta, dq, *strides, *out.stride(),
+                                                         *args, CAUSAL=causal, **meta)
+    else:
+        attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
+                                                           BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q, k, v, dout, lse, delta, dk, dv, *strides, *args,
                                                              CAUSAL=causal, **meta)
-    if needs[0]:
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q, k, v, dout, lse, delta, dq, *strides, *args,
-                                                         CAUSAL=causal, **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None
