@@ -17,7 +17,8 @@ arithmetic, per-tile launch and prologue/epilogue bubbles. Here:
     one software pipeline, so the next tile's loads fly during this tile's epilogue.
   - Tiles up to 128 x 256 x 64 with 8 warps (two warpgroups of m64n256k16 WGMMAs: 85 FLOP per
     byte staged), 3-4 stages; the epilogue stores the tile in two 128 x (BLOCK_N / 2) halves
-    (``SUBTILE``), halving its shared-memory buffer so that a 4th stage fits.
+    (``SUBTILE``), halving its shared-memory buffer (without it 128 x 256 x 64 in 3 stages ran out
+    of shared memory at two layouts on the H200; a 4th stage does not fit at several).
   - Split K: a 2-D product with fewer 128 x 128 tiles than SMs (the weight gradient dW = dY^T X of
     a Linear layer: (in, tokens) @ (tokens, out), K = 8192 tokens, 16 to 64 tiles on 132 SMs)
     would leave most SMs idle. ``split_k`` cuts K into S ranges (a multiple of ``SPLIT_ALIGN``

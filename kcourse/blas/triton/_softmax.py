@@ -1,5 +1,6 @@
-"""What softmax, log_softmax and cross_entropy share: the rows of an n-D tensor, the online
-logsumexp, and the row kernels of softmax and log_softmax (a ``LOG`` flag picks the formula).
+"""What softmax and log_softmax share: the rows of an n-D tensor, the online logsumexp, and their
+row kernels (a ``LOG`` flag picks the formula). cross_entropy takes only ``CHUNK`` from here; its
+forward has its own chunked logsumexp (per-lane sums, the next chunk prefetched).
 
 Rows. A softmax along ``dim`` normalizes every 1-D fibre ``x[i, ..., :, ..., k]`` in which ``dim``
 varies. ``launch_rows`` indexes those fibres without copying: the other dims, merged as
