@@ -40,6 +40,8 @@ def tensor(op: str, name: str, t, ndims: tuple[int, ...] | None = None) -> torch
 
 def scalar(op: str, name: str, value) -> float:
     """``value`` must be a real Python number (or a 0-d tensor holding one)."""
+    if type(value) is float or type(value) is int:  # the common case, without the slower ABC check below
+        return float(value)
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex():
         return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -55,25 +57,29 @@ def broadcasts_to(shape, out) -> bool:
 
 def same_kind(op: str, backend: str, **tensors: torch.Tensor | None) -> None:
     """All tensors share dtype and device, and ``backend`` supports both."""
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    for name, t in named[1:]:
+    first_name = first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first, device = name, t, t.device
+            continue
         if t.dtype != first.dtype:
             raise TypeError(f"{op}: {first_name} is {first.dtype} but {name} is {t.dtype}; "
                             "all tensors must share one dtype")
-        if t.device != first.device:
-            raise ValueError(f"{op}: {first_name} is on {first.device} but {name} is on {t.device}; "
+        if t.device != device:
+            raise ValueError(f"{op}: {first_name} is on {device} but {name} is on {t.device}; "
                              "all tensors must be on one device")
     if first.dtype not in DTYPES[backend]:
         supported = ", ".join(str(d).replace("torch.", "") for d in DTYPES[backend])
         raise TypeError(f"{op}: the {backend} backend does not support {first.dtype} "
                         f"({first_name} {shape(first)}); it supports {supported}")
-    device = first.device.type
-    if backend == "triton" and device != "cuda" and not triton_interpreting():
+    on_gpu = device.type == "cuda"
+    if backend == "triton" and not on_gpu and not triton_interpreting():
         raise ValueError(f"{op}: the triton backend needs CUDA tensors, but {first_name} is on "
-                         f"{first.device}; move the tensors to a GPU or set TRITON_INTERPRET=1")
-    if backend == "cute" and device != "cuda":
-        raise ValueError(f"{op}: the cute backend needs CUDA tensors, but {first_name} is on {first.device}")
+                         f"{device}; move the tensors to a GPU or set TRITON_INTERPRET=1")
+    if backend == "cute" and not on_gpu:
+        raise ValueError(f"{op}: the cute backend needs CUDA tensors, but {first_name} is on {device}")
 
 
 def same_shape(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:

@@ -13,6 +13,20 @@ Where an input was broadcast (a bias row, a 2-D operand of a batched gemm), its 
 over the broadcast dimensions by ``_sum_to``, itself a gemv with a vector of ones. Only inputs
 that need a gradient cost work (``ctx.needs_input_grad``), and a scale by exactly 1 (the residual
 ``x + f(x)``, a bias added with beta = 1) passes the gradient through instead of copying it (``_scaled``).
+
+What a training step does not pay for:
+  - validation twice: a pullback's operands are the forward's (validated then) and the gradient,
+    whose shape, dtype and device autograd's engine has matched to the output. So the pullback
+    calls the kernels directly (``api._run_<op>``: no ``_check``, no Function). Only when the
+    backward is itself differentiated (``create_graph=True``, grad mode on inside ``backward``)
+    does it go through the public, differentiable ops, so that double backward keeps working;
+  - a copy of every weight gradient: a weight ``W (out, in)`` enters ``Linear`` as the view
+    ``W.mT``. Its gradient ``A^T dC`` written row-major would reach ``W`` transposed, and autograd
+    would copy it into ``W``'s layout before storing ``W.grad``. So a gradient whose operand is
+    such a transposed view is computed transposed, ``(a dC^T A)^T``: the same products, one gemm,
+    landing in ``W``'s own layout (``_product``);
+  - a fill of ones per bias gradient: the ones of ``_sum_to`` are one cached element, broadcast;
+  - host synchronizations: none anywhere, so a whole training step can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -24,10 +38,63 @@ from torch.autograd.function import once_differentiable
 from ..backend import backward_kernel, resolve
 from .. import blas as api  # the public ops (this module is imported while kcourse.blas initializes)
 
+_ONES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # one element of 1 per dtype and device
+
+
+def _gemm(A: torch.Tensor, B: torch.Tensor, a: float, backend: str) -> torch.Tensor:
+    """``a A B`` on ``backend``: straight to the kernel, or the differentiable op under create_graph."""
+    if torch.is_grad_enabled():
+        return api.gemm(A, B, alpha=a, backend=backend)
+    return api._run_gemm(A, B, None, a, 0.0, backend)
+
+
+def _gemv(A: torch.Tensor, x: torch.Tensor, a: float, backend: str) -> torch.Tensor:
+    """``a A x`` on ``backend``: straight to the kernel, or the differentiable op under create_graph."""
+    if torch.is_grad_enabled():
+        return api.gemv(A, x, alpha=a, backend=backend)
+    return api._run_gemv(A, x, None, a, 0.0, backend)
+
+
+def _geru(A: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: float, backend: str) -> torch.Tensor:
+    """``A + a x y^T`` on ``backend``: straight to the kernel, or the differentiable op under create_graph."""
+    if torch.is_grad_enabled():
+        return api.geru(A, x, y, a, backend=backend)
+    return api._run_geru(A, x, y, a, backend)
+
 
 def _scaled(grad: torch.Tensor, a: float, backend: str) -> torch.Tensor:
     """``a * grad`` by ``scal``; for ``a == 1`` the gradient itself (the same bits, no kernel)."""
-    return grad if a == 1 else api.scal(grad, a, backend=backend)
+    if a == 1:
+        return grad
+    if torch.is_grad_enabled():
+        return api.scal(grad, a, backend=backend)
+    return api._run_scal(grad, a, backend)
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    """Is ``t`` a transposed view of a row-major matrix (a weight ``W`` passed as ``W.mT``)?"""
+    return t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1
+
+
+def _product(X: torch.Tensor, Y: torch.Tensor, a: float, backend: str, like: torch.Tensor) -> torch.Tensor:
+    """``a X Y`` (one gemm), laid out as ``like`` when that is a transposed view of the same shape:
+    then computed as ``(a Y^T X^T)^T``, whose ``.mT`` is row-major, as the weight behind ``like``."""
+    if _column_major(like) and X.shape[:-2] == Y.shape[:-2] == like.shape[:-2]:
+        return _gemm(Y.mT, X.mT, a, backend).mT
+    return _gemm(X, Y, a, backend)
+
+
+def _ones(n: int, like: torch.Tensor) -> torch.Tensor:
+    """``n`` ones of ``like``'s dtype and device: a stride-0 view of one cached element (no fill
+    kernel per call). One made while a CUDA graph is being captured is not cached: its fill only
+    runs when the graph replays, so eager code must not see it before."""
+    key = (like.dtype, like.device)
+    one = _ONES.get(key)
+    if one is None:
+        one = torch.ones(1, dtype=like.dtype, device=like.device)
+        if not (one.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _ONES[key] = one
+    return one.expand(n)
 
 
 def _sum_to(grad: torch.Tensor, shape: torch.Size, backend: str) -> torch.Tensor:
@@ -39,8 +106,7 @@ def _sum_to(grad: torch.Tensor, shape: torch.Size, backend: str) -> torch.Tensor
     reduced = [d for d in range(grad.dim()) if padded[d] == 1 and grad.shape[d] != 1]
     kept = [d for d in range(grad.dim()) if d not in reduced]
     rows = grad.permute(*reduced, *kept).reshape(-1, math.prod(grad.shape[d] for d in kept))  # (R, K)
-    ones = torch.ones(rows.shape[0], dtype=grad.dtype, device=grad.device)
-    return api.gemv(rows.mT, ones, backend=backend).reshape(shape)  # (K, R) @ (R,) -> (K,)
+    return _gemv(rows.mT, _ones(rows.shape[0], grad), 1.0, backend).reshape(shape)  # (K, R) @ (R,) -> (K,)
 
 
 class Copy(torch.autograd.Function):
@@ -99,8 +165,8 @@ class Dot(torch.autograd.Function):
         # dx = dz y as an (n, 1) x (1, 1) gemm: dz stays on the device (no sync) and in the graph
         x, y = ctx.saved_tensors
         dz = dz.reshape(1, 1)
-        dx = api.gemm(y[:, None], dz, backend=ctx.backend)[:, 0] if ctx.needs_input_grad[0] else None
-        dy = api.gemm(x[:, None], dz, backend=ctx.backend)[:, 0] if ctx.needs_input_grad[1] else None
+        dx = _gemm(y[:, None], dz, 1.0, ctx.backend)[:, 0] if ctx.needs_input_grad[0] else None
+        dy = _gemm(x[:, None], dz, 1.0, ctx.backend)[:, 0] if ctx.needs_input_grad[1] else None
         return dx, dy, None
 
 
@@ -117,9 +183,9 @@ class Gemv(torch.autograd.Function):
         a, b, be = ctx.alpha, ctx.beta, ctx.backend
         dA = dx = dy0 = None
         if ctx.needs_input_grad[0]:
-            dA = api.geru(torch.zeros_like(A), dy, x, a, backend=be)  # (m, n)
+            dA = _geru(torch.zeros_like(A), dy, x, a, be)  # (m, n)
         if ctx.needs_input_grad[1]:
-            dx = api.gemv(A.mT, dy, alpha=a, backend=be)  # (n, m) @ (m,) -> (n,)
+            dx = _gemv(A.mT, dy, a, be)  # (n, m) @ (m,) -> (n,)
         if ctx.needs_input_grad[2]:
             dy0 = _scaled(dy, b, be)
         return dA, dx, dy0, None, None, None
@@ -136,8 +202,8 @@ class Geru(torch.autograd.Function):
     def backward(ctx, dA):
         x, y = ctx.saved_tensors
         a, be = ctx.alpha, ctx.backend
-        dx = api.gemv(dA, y, alpha=a, backend=be) if ctx.needs_input_grad[1] else None  # (m, n) @ (n,)
-        dy = api.gemv(dA.mT, x, alpha=a, backend=be) if ctx.needs_input_grad[2] else None  # (n, m) @ (m,)
+        dx = _gemv(dA, y, a, be) if ctx.needs_input_grad[1] else None  # (m, n) @ (n,)
+        dy = _gemv(dA.mT, x, a, be) if ctx.needs_input_grad[2] else None  # (n, m) @ (m,)
         return dA, dx, dy, None, None
 
 
@@ -155,13 +221,13 @@ class Gemm(torch.autograd.Function):
         a, b, be = ctx.alpha, ctx.beta, ctx.backend
         dA = dB = dC0 = None
         if ctx.needs_input_grad[0]:
-            dA = _sum_to(api.gemm(dC, B.mT, alpha=a, backend=be), A.shape, be)  # (.., m, n)(.., n, k)
+            dA = _sum_to(_product(dC, B.mT, a, be, like=A), A.shape, be)  # (.., m, n)(.., n, k)
         if ctx.needs_input_grad[1]:
             if B.dim() == 2 and dC.dim() == 3:  # B shared by the batch: one (k, b*m) @ (b*m, n) gemm
                 k, n = B.shape
-                dB = api.gemm(A.expand(dC.shape[0], -1, -1).reshape(-1, k).mT, dC.reshape(-1, n), alpha=a, backend=be)
+                dB = _product(A.expand(dC.shape[0], -1, -1).reshape(-1, k).mT, dC.reshape(-1, n), a, be, like=B)
             else:
-                dB = _sum_to(api.gemm(A.mT, dC, alpha=a, backend=be), B.shape, be)  # (.., k, m)(.., m, n)
+                dB = _sum_to(_product(A.mT, dC, a, be, like=B), B.shape, be)  # (.., k, m)(.., m, n)
         if ctx.needs_input_grad[2]:
             dC0 = _sum_to(_scaled(dC, b, be), ctx.C_shape, be)
         return dA, dB, dC0, None, None, None

@@ -1,8 +1,14 @@
-"""Multi-head and grouped-query self-attention through kcourse.blas.attention."""
+"""Multi-head and grouped-query self-attention through kcourse.blas.attention.
+
+The heads are views of the projection, never copies: ``qkv (B, T, (H + 2 Hkv) hd)`` is viewed as
+``(B, T, H + 2 Hkv, hd)``, split along the heads and transposed to ``(B, heads, T, hd)``. In that
+order the backward is one pass too: the three head gradients are concatenated straight into the
+row-major ``(B, T, H + 2 Hkv, hd)`` gradient of the projection (splitting the feature dim first
+and reshaping each part would make autograd copy each part once more before concatenating).
+"""
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 
 from .. import blas
 from .base import Module
@@ -30,14 +36,12 @@ class Attention(Module):
         self.c_proj = Linear(dim, dim, bias, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hd, kv = self.head_dim, self.n_kv_head * self.head_dim
-        qkv = self.c_attn(x)  # (B, T, (H + 2 Hkv) hd)
-        q, k, v = qkv.split([self.n_head * hd, kv, kv], dim=-1)
-        q = rearrange(q, "b t (h d) -> b h t d", d=hd)  # (B, H, T, hd)
-        k = rearrange(k, "b t (h d) -> b h t d", d=hd)  # (B, Hkv, T, hd)
-        v = rearrange(v, "b t (h d) -> b h t d", d=hd)  # (B, Hkv, T, hd)
+        B, T, dim = x.shape
+        H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        qkv = self.c_attn(x).view(B, T, H + 2 * Hkv, hd)  # (B, T, H + 2 Hkv, hd)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))  # (B, H | Hkv, T, hd)
         if self.rope:
             q = blas.rope(q, self.rope_base, backend=self.backend)
             k = blas.rope(k, self.rope_base, backend=self.backend)
         y = blas.attention(q, k, v, causal=self.causal, backend=self.backend)  # (B, H, T, hd)
-        return self.c_proj(rearrange(y, "b h t d -> b t (h d)"))  # (B, T, dim)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, dim))  # (B, T, dim)

@@ -40,6 +40,8 @@ class GPT(Module):
         self.config = c = config
         self.wte = Embedding(c.vocab_size, c.n_embd, backend)
         self.wpe = Embedding(c.block_size, c.n_embd, backend) if c.pos == "learned" else None
+        if self.wpe is not None:  # 0..block_size-1 made once, not an arange kernel per forward; not in the state dict
+            self.register_buffer("positions", torch.arange(c.block_size), persistent=False)
         self.h = nn.ModuleList(Block(c, backend) for _ in range(c.n_layer))
         self.ln_f = make_norm(c.norm, c.n_embd, c.bias, backend)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False, backend=backend)
@@ -65,7 +67,7 @@ class GPT(Module):
             raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            pos = self.wpe(torch.arange(T, device=idx.device))  # (T, C)
+            pos = self.wpe(self.positions[:T])  # (T, C)
             x = blas.axpby(x, pos.expand_as(x), backend=self.backend)  # tokens + positions
         for block in self.h:
             x = block(x)

@@ -42,10 +42,13 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
     ``tensors``, one program per BLOCK elements. A ``None`` tensor (an operand the kernel must not
     read) is passed as ``None``, with ``None`` strides."""
     present = [t for t in tensors if t is not None]
-    shape, strides = strided_layout(op, *present)
+    numel = present[0].numel()
+    if all(t.is_contiguous() for t in present):  # the common case, and what strided_layout would return
+        shape, strides = (numel,), [(1,)] * len(present)
+    else:
+        shape, strides = strided_layout(op, *present)
     present_strides = iter(strides)
     strides = [next(present_strides) if t is not None else None for t in tensors]
-    numel = present[0].numel()
     kernel[(triton.cdiv(numel, BLOCK),)](*tensors, numel, shape, *strides, *scalars,
                                          BLOCK=BLOCK, num_warps=NUM_WARPS)
 

@@ -57,6 +57,23 @@ def rope_kernel(x_ptr, out_ptr, pos_ptr, turns_ptr, N, T, HALF, lead_shape, x_le
         tl.store(out_rows + (i + HALF)[None, :] * stride_od, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_TURNS: dict[tuple[int, float, torch.device], torch.Tensor] = {}  # (D, base, device) -> its frequencies
+
+
+def _turns(D: int, base: float, device: torch.device) -> torch.Tensor:
+    """The D/2 frequencies base^(-2i/D) in full turns per position, float64 (D/2,): computed on the
+    device once per (D, base, device), not by five small kernels per call. A table made while a CUDA
+    graph is being captured is not cached: it is only computed when the graph replays."""
+    key = (D, base, device)
+    turns = _TURNS.get(key)
+    if turns is None:
+        i = torch.arange(D // 2, dtype=torch.float64, device=device)
+        turns = base ** (-2 * i / D) / (2 * math.pi)
+        if not (turns.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _TURNS[key] = turns
+    return turns
+
+
 def _rotate(x, positions, base, sign):
     """``x`` rotated by ``sign * theta``, into a new tensor laid out as ``x`` when it is dense."""
     out = torch.empty_like(x)
@@ -64,8 +81,7 @@ def _rotate(x, positions, base, sign):
         return out
     T, D = x.shape[-2:]
     half = D // 2
-    i = torch.arange(half, dtype=torch.float64, device=x.device)
-    turns = base ** (-2 * i / D) / (2 * math.pi)  # (D/2,) float64: each frequency in full turns per position
+    turns = _turns(D, base, x.device)  # (D/2,) float64
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead_shape, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
     block_h = min(triton.next_power_of_2(half), 128)
