@@ -56,6 +56,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32, Int64, const_expr
 
 from .._layout import strided_layout
+from .._rope import turns
 from . import _compile, _reduce
 from ._elementwise import coordinate
 
@@ -169,8 +170,7 @@ def _rotate(x, positions, base, sign):
         return out
     T, D = x.shape[-2:]
     half = D // 2
-    i = torch.arange(half, dtype=torch.float64, device=x.device)
-    turns = base ** (-2 * i / D) / (2 * math.pi)  # (D/2,) float64: each frequency in full turns per position
+    table = turns(D, base, x.device)  # (D/2,) float64: each frequency in full turns per position
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
     if N == 1:  # no leading dims: their strides are never used
@@ -190,7 +190,7 @@ def _rotate(x, positions, base, sign):
     key = (x.dtype, None if positions is None else positions.dtype, len(lead), vec, lanes, rows)
     _compile.launch(rope_kernel, key, _compile.stream(x.device), _compile.pointer(x, vec * x.element_size()),
                     _compile.pointer(out, vec * out.element_size()), pos,
-                    _compile.PointerArg(turns.data_ptr(), Float64, 8), D, T,
+                    _compile.PointerArg(table.data_ptr(), Float64, 8), D, T,
                     0 if positions is None else positions.stride(0), sign, grid, *lead, *x_strides, *out_strides)
     return out
 

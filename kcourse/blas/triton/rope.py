@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._rope import turns
 from ._launch import strided_layout, strided_offsets
 
 TWO_PI = tl.constexpr(2 * math.pi)
@@ -57,23 +58,6 @@ def rope_kernel(x_ptr, out_ptr, pos_ptr, turns_ptr, N, T, HALF, lead_shape, x_le
         tl.store(out_rows + (i + HALF)[None, :] * stride_od, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_TURNS: dict[tuple[int, float, torch.device], torch.Tensor] = {}  # (D, base, device) -> its frequencies
-
-
-def _turns(D: int, base: float, device: torch.device) -> torch.Tensor:
-    """The D/2 frequencies base^(-2i/D) in full turns per position, float64 (D/2,): computed on the
-    device once per (D, base, device), not by five small kernels per call. A table made while a CUDA
-    graph is being captured is not cached: it is only computed when the graph replays."""
-    key = (D, base, device)
-    turns = _TURNS.get(key)
-    if turns is None:
-        i = torch.arange(D // 2, dtype=torch.float64, device=device)
-        turns = base ** (-2 * i / D) / (2 * math.pi)
-        if not (turns.is_cuda and torch.cuda.is_current_stream_capturing()):
-            _TURNS[key] = turns
-    return turns
-
-
 def _rotate(x, positions, base, sign):
     """``x`` rotated by ``sign * theta``, into a new tensor laid out as ``x`` when it is dense."""
     out = torch.empty_like(x)
@@ -81,13 +65,13 @@ def _rotate(x, positions, base, sign):
         return out
     T, D = x.shape[-2:]
     half = D // 2
-    turns = _turns(D, base, x.device)  # (D/2,) float64
+    table = turns(D, base, x.device)  # (D/2,) float64
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead_shape, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
     block_h = min(triton.next_power_of_2(half), 128)
     block_n = min(triton.next_power_of_2(N), max(1, 2048 // block_h))  # tiles of 2 x ~2048 elements
     grid = (T * triton.cdiv(N, block_n),)
-    rope_kernel[grid](x, out, positions, turns, N, T, half, lead_shape, x_lead, out_lead,
+    rope_kernel[grid](x, out, positions, table, N, T, half, lead_shape, x_lead, out_lead,
                       x.stride(-2), x.stride(-1), out.stride(-2), out.stride(-1),
                       positions.stride(0) if positions is not None else 0, sign,
                       BLOCK_N=block_n, BLOCK_H=block_h, num_warps=NUM_WARPS)
