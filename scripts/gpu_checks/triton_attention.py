@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python scripts/gpu_checks/triton_attention.py             # everything, ~5 min on an H100
     PYTHONPATH=. python scripts/gpu_checks/triton_attention.py --quick     # correctness only (1, 3)
+    PYTHONPATH=. python scripts/gpu_checks/triton_attention.py --speed     # speed only (2)
     PYTHONPATH=. python scripts/gpu_checks/triton_attention.py --budget 240
 
 1. Correctness at small shapes (causal and not, grouped-query heads, odd T, Tq != Tk, D 16..128,
@@ -11,7 +12,8 @@
    float32 inputs; softmax(scale q k^T) v written out, as SDPA's math backend takes sqrt(scale)),
    the same through kcourse.blas.attention and autograd, and a second backward, bit for bit.
 2. Speed, bfloat16: the GPT shape (B=8 H=8 T=1024 D=64 causal), then B=4 H=16 D=128 at T = 4096,
-   16384, 1024, causal and not. Per shape: SDPA (F.scaled_dot_product_attention, default backends);
+   16384, 1024, causal and not. Per shape: SDPA (F.scaled_dot_product_attention, default backends;
+   then pinned to its flash (FlashAttention-2) and cuDNN backends, to show which the default is);
    ours, whose first call autotunes the forward, dQ and dK/dV kernels (the sweep: every config's
    median, the chosen one marked *). Then milliseconds, TFLOP/s and SDPA's time / ours ("1.00x" =
    as fast), forward and backward through autograd as a model runs them: do_bench medians, and for
@@ -44,6 +46,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.environ.get("KCOURSE_ROOT", os.getcwd()))
@@ -255,11 +258,12 @@ def where_of(B, H, T, D, causal):
 
 def timings(forward, inputs, dout, graph, backward=True):
     """((forward ms, ...), (backward ms, ...)) through autograd as a model runs them: eager, then
-    from a CUDA graph where ``graph``; the backward's tuple is empty without ``backward``."""
+    from a CUDA graph where ``graph`` (the forward only); the backward's tuple is empty without ``backward``."""
     out = forward()
     grad = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
-    ways = (False, True) if graph else (False,)
-    return tuple(_bench(forward, g) for g in ways), tuple(_bench(grad, g) for g in ways) if backward else ()
+    ways = (False, True) if graph else (False,)  # backward: eager only (capturing autograd.grad of
+    # SDPA fails, and a failed capture can leave the CUDA generator unusable for the next shape)
+    return tuple(_bench(forward, g) for g in ways), (_bench(grad),) if backward else ()
 
 
 def speed(B, H, T, D, causal):
@@ -281,6 +285,12 @@ def speed(B, H, T, D, causal):
         out_s = sdpa()
         grads_s = torch.autograd.grad(out_s, inputs, dout)
         speed_row("sdpa", flops, *ref, ref)
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):  # which one is the default?
+            try:
+                with sdpa_kernel([backend]):
+                    speed_row(f"  {backend.name.split('_')[0].lower()}", flops, *timings(sdpa, inputs, dout, graph), ref)
+            except Exception as e:  # noqa: BLE001
+                print(f"    sdpa {backend.name}: {type(e).__name__}: {str(e)[:80]}")
         out = ours()  # autotunes the forward
         grads = torch.autograd.grad(out, inputs, dout)  # autotunes dQ and dK/dV
         lines = sweep_lines("fwd") + sweep_lines("dq") + sweep_lines("dkdv")
@@ -301,6 +311,7 @@ SHAPES = [(8, 8, 1024, 64, True)] + [(4, 16, T, 128, c) for T in (4096, 16384, 1
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="correctness only (sections 1, 3)")
+    parser.add_argument("--speed", action="store_true", help="speed only (section 2)")
     parser.add_argument("--budget", type=float, default=300,
                         help="seconds: no shape of 2 starts after budget - 60, no config check of 3 after budget")
     args = parser.parse_args()
@@ -308,7 +319,7 @@ def main():
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print("\n1. correctness, one pinned config per kernel (errors: ours/SDPA's own in the input dtype)")
-    for case in CASES:
+    for case in CASES if not args.speed else []:
         check_case(*case)
     unpin_all()
     if not args.quick:
@@ -322,8 +333,8 @@ def main():
     print(f"({time.time() - START:.0f} s)\n\n3. every config of every kernel, pinned, bfloat16")
     for names, shape in [(("fwd", "dq", "dkdv"), (4, 16, 1024, 128, c)) for c in (False, True)] + \
             [(("fwd", "dq", "dkdv"), (8, 8, 1024, 64, True))]:
-        if time.time() - START > args.budget:
-            print(f"skipped {where_of(*shape)}: past the {args.budget:.0f} s budget")
+        if time.time() - START > args.budget or args.speed:
+            print(f"skipped {where_of(*shape)}: past the {args.budget:.0f} s budget or --speed")
         else:
             check_configs(names, *shape)
     print(f"\ndone in {time.time() - START:.0f} s; {results['PASS']} passed, {results['FAIL']} failed")

@@ -368,7 +368,7 @@ class CECase:
         return out + [(nan_ok, "out-of-range NaN " + ("ok" if nan_ok else "WRONG"))]
 
     def key(self) -> tuple:
-        options = ce._forward_options(self.n, self.v, self.dtype.itemsize)
+        options = ce._forward_options(self.n, self.v)
         one_pass = options["ONE_PASS"]
         return (tuple(sorted(options.items())), ce.EARLY_LOAD if one_pass else None,
                 None if one_pass else ce.PREFETCH, ce.SUM_BLOCK, ce.SUM_WARPS, ce.CHUNK)

@@ -9,6 +9,9 @@ as constants, so the kernel becomes a plain, vectorized 1-D sweep.
 """
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -18,6 +21,37 @@ from .._layout import MAX_DIMS, strided_layout  # noqa: F401  (the triton kernel
 INTERPRET = triton_interpreting()  # True: kernels run on the CPU through Triton's interpreter
 BLOCK = 4096  # elements per program in the memory-bound kernels: 16 per thread with 8 warps
 NUM_WARPS = 8
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; the CPU interpreter counts as 4 (several programs,
+    so the CPU tests cover the kernels' multi-program paths)."""
+    return _sm_count(device.index) if device.type == "cuda" else 4
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# Triton's interpreter runs a tl.reduce with a Python combine function one element pair at a time
+# (seconds for a test-sized tile): there, sum_pair is two tl.sum calls.
+_FUSED_SUMS = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def sum_pair(a, b, axis: tl.constexpr):
+    """``(sum(a, axis), sum(b, axis))`` in one two-operand reduction: one pass of shuffles and one
+    block barrier for both (two barriers as two sums)."""
+    if _FUSED_SUMS:
+        return tl.reduce((a, b), axis, _add_pair)
+    else:
+        return tl.sum(a, axis), tl.sum(b, axis)
 
 
 @triton.jit

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import block_indices
+from ._launch import block_indices, sm_count, sum_pair
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
@@ -135,11 +135,6 @@ def _load_grad_terms(x_row, dy_row, w_ptr, cols, mask, stride_col, mean, rstd):
 
 
 @triton.jit
-def _add_pair(a0, b0, a1, b1):
-    return a0 + a1, b0 + b1
-
-
-@triton.jit
 def _load_tile(x_ptr, dy_ptr, rows, last, cols, D, stride_row, stride_col):
     # x and dy of rows (BLOCK_M,) below `last`, columns (BLOCK_D,) below D, in their own dtypes; 0 where masked
     mask = (rows < last)[:, None] & (cols < D)[None, :]
@@ -165,7 +160,7 @@ def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D
         if w_ptr is not None:
             g = dy * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if CENTER:  # both row sums in one reduction
-            sum_gx, sum_g = tl.reduce((g * xhat, g), 1, _add_pair)
+            sum_gx, sum_g = sum_pair(g * xhat, g, 1)
             dxhat = g - xhat * (sum_gx / D)[:, None] - (sum_g / D)[:, None]
         else:
             dxhat = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
@@ -302,8 +297,7 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     n, d = x2.shape
     device = x2.device
     options = _backward_options(n, d, x2.element_size())
-    # the interpreter counts as 4 SMs: several programs, so the CPU tests cover the column sums of partials
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if x2.is_cuda else 4
+    sms = sm_count(device)  # 4 in the interpreter: several programs, the CPU tests cover the column sums
     tiles = triton.cdiv(n, options["BLOCK_M"])
     rows_per_program = options["BLOCK_M"] * max(1, triton.cdiv(tiles, PROGRAMS_PER_SM * sms))
     programs = max(1, triton.cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums

@@ -19,19 +19,27 @@ ever made: the forward keeps only each row's lse (cached) and loss.
 
 Forward (``cross_entropy_kernel``). A row of up to ``ONE_PASS_V`` logits is read once into
 registers, ``BLOCK_M`` rows per program (about ``TILE`` elements, so that short rows still move
-several KB per program): the row max, then one two-operand reduction gives both sum_j exp(x_j - max)
-and the target logit, picked from the registers by its column (nothing outside the row is read;
-the row of an out-of-range target is NaN whatever it picks). With ``EARLY_LOAD`` the logits load is issued beside
-the target's instead of after it: one memory latency less per program (the old chunked sweep
-waited for the target, then for each of two 4096-column chunks in turn), at the price of reading
-the logits of ignored rows. A longer row is swept ``CHUNK`` columns at a time with an online
-logsumexp: one block max per chunk, the sum of exp(x - running max) kept per lane (rescaled by
-exp(old max - new max) when the max grows: one exp per element) and reduced once at the end; with
-``PREFETCH`` the next chunk is loaded before the current one is reduced. That sweep reads nothing of
-an ignored or out-of-range row, and its target logit is one load. The mean and sum are a second,
-one-program kernel (no atomics, deterministic, on the device: no host sync).
+several KB per program): the row max, then sum_j exp(x_j - max). The target logit is one load from
+the row just read (a cache hit), masked off for an ignored or out-of-range target: nothing outside
+the row is read. With ``EARLY_LOAD`` the logits load is issued beside the target's instead of
+after it: one memory latency less per program, at the price of reading the logits of ignored rows.
+A longer row is swept ``CHUNK`` columns at a time with an online logsumexp: one block max per
+chunk, the sum of exp(x - running max) kept per lane (rescaled by exp(old max - new max) when the
+max grows) and reduced once at the end; with ``PREFETCH`` the next chunk is loaded before the
+current one is reduced. That sweep reads nothing of an ignored or out-of-range row. The mean and
+sum are a second, one-program kernel (no atomics, deterministic, on the device: no host sync).
+
+Per element the forward costs about 12 instructions for 16-bit logits (unpack, max, subtract,
+scale, ex2, add; ptxas for sm_90): exponentials are tl.math.exp2 of (x - m) log2 e, the ex2
+instruction alone, where tl.exp adds a range check and two multiplies; column indices are int32
+(a row is < 2^31 long) and no element is compared with the target. An earlier version that picked
+the target from the registers (an int64 compare, a select and a second sum per element) and used
+tl.exp cost ~27: at 2 bytes per element that, not the memory, set the time (0.47 of copy bandwidth
+for bfloat16 at 32768 x 8192 on an H200; 0.86 now).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -40,18 +48,13 @@ import triton.language as tl
 from ._launch import block_indices
 from ._softmax import CHUNK
 
+LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 ONE_PASS_V = 16384  # the longest row the forward reads once into registers (32 per thread at 16 warps)
-ONE_PASS_ITEMSIZE = 4  # ... for logits of at least this many bytes: 16-bit rows ran faster chunked (H200)
 TILE = 4096  # forward: logits per program when rows are short (several rows per program, as softmax)
 THREAD_ELEMENTS = 32  # forward: logits per thread (num_warps = tile / (32 * this), 1 to 16)
 EARLY_LOAD = True  # forward, one pass: load the logits without waiting for the target
 PREFETCH = True  # forward, longer rows: load the next chunk before reducing the current one
 SUM_BLOCK, SUM_WARPS = 8192, 16  # rows per step of the one-program reduction, and its warps
-
-
-@triton.jit
-def _add_pair(a0, b0, a1, b1):
-    return a0 + a1, b0 + b1
 
 
 @triton.jit
@@ -75,9 +78,33 @@ def _chunked_logsumexp(x_rows, stride_xv, V, n_read, PREFETCH: tl.constexpr, BLO
                         other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=1))  # (BLOCK_M,)
         ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # only -inf so far: no -inf - -inf
-        acc = acc * tl.exp(m - ref)[:, None] + tl.exp(x - ref[:, None])
+        acc = acc * tl.math.exp2((m - ref) * LOG2E)[:, None] + tl.math.exp2((x - ref[:, None]) * LOG2E)
         m = m_new
     return m, tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _tile_logsumexp(x):
+    """``(m, s)`` of a (BLOCK_M, BLOCK_V) float32 tile of whole rows (-inf past the row's end): the
+    row max m and ``s = sum_j exp(x_j - m)``, as exp2((x_j - m) log2 e): the ex2 instruction alone
+    (tl.exp adds a range check and two multiplies per element). x_j - m is exact where it matters
+    (x_j near m), so it is taken before scaling: folding the scale into one fused multiply-add,
+    x_j log2 e - m log2 e, would round m log2 e, an error of ~5e-4 in lse at |x| ~ 1e4."""
+    m = tl.max(x, axis=1)
+    ref = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf: s = 0, no -inf - -inf
+    return m, tl.sum(tl.math.exp2((x - ref[:, None]) * LOG2E), axis=1)
+
+
+@triton.jit
+def _store_losses(m, s, x_t, read, valid, rows, row_ok, lse_ptr, loss_ptr):
+    """lse = m + log s and loss = lse - x_t of the rows that have one (``read``); 0 for an ignored
+    row and NaN for an out-of-range target."""
+    log_s = tl.log(tl.where(read, s, 1.0))
+    skipped = tl.where(valid, float("nan"), 0.0)
+    tl.store(lse_ptr + rows, tl.where(read, m + log_s, skipped), mask=row_ok)
+    # lse - x_t, without rounding lse first (at |x| ~ 1e4 its float32 ulp is 1e-3)
+    loss = tl.where(read, (m - x_t) + log_s, skipped)
+    tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -92,24 +119,17 @@ def cross_entropy_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, N, V, stride_xn, 
     valid = t != ignore_index
     read = valid & (t >= 0) & (t < V)  # the rows with a loss: an ignored row gets 0, an out-of-range target NaN
     x_rows = x_ptr + rows[:, None] * stride_xn  # (BLOCK_M, 1)
+    x_t = tl.load(x_ptr + rows * stride_xn + t * stride_xv, mask=read, other=0.0).to(tl.float32)
     if ONE_PASS:  # V <= BLOCK_V: one read, the tile stays in registers
-        cols = tl.arange(0, BLOCK_V).to(tl.int64)[None, :]  # (1, BLOCK_V)
+        cols = tl.arange(0, BLOCK_V)[None, :]  # (1, BLOCK_V), int32: V < 2^31
         mask = row_ok[:, None] & (cols < V)
         if not EARLY_LOAD:
             mask = mask & read[:, None]
-        x = tl.load(x_rows + cols * stride_xv, mask=mask, other=-float("inf")).to(tl.float32)  # (BLOCK_M, BLOCK_V)
-        m = tl.max(x, axis=1)
-        ref = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf: s = 0, no -inf - -inf
-        s, x_t = tl.reduce((tl.exp(x - ref[:, None]), tl.where(cols == t[:, None], x, 0.0)), 1, _add_pair)
+        x = tl.load(x_rows + cols.to(tl.int64) * stride_xv, mask=mask, other=-float("inf"))  # (BLOCK_M, BLOCK_V)
+        m, s = _tile_logsumexp(x.to(tl.float32))
     else:
         m, s = _chunked_logsumexp(x_rows, stride_xv, V, tl.where(read, V, 0)[:, None], PREFETCH, BLOCK_M, BLOCK_V)
-        x_t = tl.load(x_ptr + rows * stride_xn + t * stride_xv, mask=read, other=0.0).to(tl.float32)
-    log_s = tl.log(tl.where(read, s, 1.0))
-    skipped = tl.where(valid, float("nan"), 0.0)
-    tl.store(lse_ptr + rows, tl.where(read, m + log_s, skipped), mask=row_ok)
-    # lse - x_t, without rounding lse first (at |x| ~ 1e4 its float32 ulp is 1e-3)
-    loss = tl.where(read, (m - x_t) + log_s, skipped)
-    tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=row_ok)
+    _store_losses(m, s, x_t, read, valid, rows, row_ok, lse_ptr, loss_ptr)
 
 
 @triton.jit
@@ -151,17 +171,16 @@ def cross_entropy_backward_kernel(x_ptr, target_ptr, lse_ptr, dout_ptr, n_valid_
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V).to(tl.int64)  # (BLOCK_V,)
         x = tl.load(x_ptr + i * stride_xn + cols * stride_xv, mask=cols < n_read, other=0.0).to(tl.float32)
-        dx = tl.where(valid, (tl.exp(x - lse) - (cols == t).to(tl.float32)) * g, 0.0)
+        dx = tl.where(valid, (tl.math.exp2((x - lse) * LOG2E) - (cols == t).to(tl.float32)) * g, 0.0)
         tl.store(dx_ptr + i * stride_dxn + cols * stride_dxv, dx.to(dx_ptr.dtype.element_ty), mask=cols < V)
 
 
-def _forward_options(N, V, itemsize):
-    """The forward's launch options: rows of up to ``ONE_PASS_V`` logits of ``ONE_PASS_ITEMSIZE`` bytes
-    or more in one pass, ``TILE`` logits per program (BLOCK_M rows, at most the next power of two of
-    N); other rows in ``CHUNK``-column steps. Measured on an H200 (scripts/gpu_checks/triton_rows.py):
-    float32 rows of 8192 run 14% faster in one pass, bfloat16 rows of 8192 and 16384 12% and 26%
-    slower than chunked with the next chunk prefetched."""
-    if V > ONE_PASS_V or itemsize < ONE_PASS_ITEMSIZE:
+def _forward_options(N, V):
+    """The forward's launch options: rows of up to ``ONE_PASS_V`` logits in one pass, ``TILE`` logits
+    per program (BLOCK_M rows, at most the next power of two of N); longer rows in ``CHUNK``-column
+    steps. Measured on an H200 (scripts/gpu_checks/triton_rows.py, 32768 rows): one pass ran 14%
+    (float32) and 34% (bfloat16) faster than chunked at V = 8192, 4% (bfloat16) at V = 16384."""
+    if V > ONE_PASS_V:
         block_v = _block_v(V)
         return {"ONE_PASS": False, "BLOCK_M": 1, "BLOCK_V": block_v, "num_warps": _warps(block_v)}
     block_v = triton.next_power_of_2(V)
@@ -190,7 +209,7 @@ def cross_entropy(logits, target, ignore_index, reduction):
     lse = torch.empty(N, dtype=torch.float32, device=logits.device)
     loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
     if N:
-        options = _forward_options(N, V, logits.element_size())
+        options = _forward_options(N, V)
         cross_entropy_kernel[(triton.cdiv(N, options["BLOCK_M"]),)](
             logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
             EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options)
