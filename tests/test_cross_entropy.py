@@ -66,6 +66,18 @@ def test_cross_entropy(backend, dtype, shape, layout, reduction):
     assert torch.equal(logits, logits0)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_reduction_over_many_rows(backend, reduction):
+    """More rows than one block of the triton reduction's partials (2048 rows each): the partial sums
+    and counts, then their sum; the mean's gradient divides by the count found the same way."""
+    N = 5000
+    logits, target = 3 * randn(N, 5), targets(N, 5)
+    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+    assert_close(loss, loss_ref, k=N if reduction == "sum" else 1)
+    assert_close(dx, dx_ref)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int32_and_strided_targets(backend, dtype):
     logits = randn(8, 50, dtype=dtype)

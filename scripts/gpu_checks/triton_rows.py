@@ -88,6 +88,7 @@ CE_VARIANTS = [  # (name, cross_entropy constants), most important first
     ("no-prefetch", {"PREFETCH": False}),
     ("chunked", {"ONE_PASS_V": 0}),
     ("sum1024/4w", {"SUM_BLOCK": 1024, "SUM_WARPS": 4}),
+    ("sum4096/8w", {"SUM_BLOCK": 4096, "SUM_WARPS": 8}),
     ("sum8192/16w", {"SUM_BLOCK": 8192, "SUM_WARPS": 16}),
     ("thread8", {"THREAD_ELEMENTS": 8}),
     ("tile16384", {"TILE": 16384}),

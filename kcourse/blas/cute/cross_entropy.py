@@ -12,9 +12,9 @@ Backward, with g_i = dout / n_valid (mean), dout (sum), dout_i (none), and 0 on 
 
     dx_ij = (exp(x_ij - lse_i) - [j == target_i]) * g_i       (softmax minus one-hot)
 
-FLOPs ~4NV forward, ~4NV backward. Bytes: forward reads the logits once (NV * itemsize) and
-writes 2N float32; backward reads them again and writes dlogits (2NV * itemsize); ignored rows read
-nothing. Memory bound.
+FLOPs ~4NV forward, ~4NV backward. Bytes: forward reads the logits once (NV * itemsize, ignored
+rows too) and writes 2N float32; backward reads them again and writes dlogits (2NV * itemsize);
+there ignored rows read nothing. Memory bound.
 
 Design (the triton backend's, on the row machinery of ``_rows.py``):
 
@@ -22,13 +22,17 @@ Design (the triton backend's, on the row machinery of ``_rows.py``):
   per CTA; 256 threads on a row past V = 4096), swept in chunks of up to 64 elements per thread
   (128-bit loads where the layout allows) with an online logsumexp: a running (max, sum) per thread,
   combined over the row's threads at the end (shuffles, then shared memory). No second (N, V) tensor
-  is made, whatever V (131072, 256000: a loop over chunks). Lane 0 of the row then reads the one
-  target logit and writes lse (float32, the cache) and loss = (m - x_t) + log s, formed without
-  rounding lse first (at |x| ~ 1e4 its float32 ulp is 1e-3). An ignored or out-of-range row reads
-  no logits (its loads are predicated off).
-- ``valid_sum_kernel``: one CTA adds the losses (float32) and counts the valid rows (int32, exact)
-  in a strided loop, then reduces both over the CTA in a fixed order (deterministic, no atomics, no
-  host sync) and writes the mean or the sum; the backward of a mean uses it to count n_valid alone.
+  is made, whatever V (131072, 256000: a loop over chunks). The logits loads do not wait for the
+  target: every row in range is read, an ignored or out-of-range one too (its values go unused), so
+  they issue right behind the target's load instead of a DRAM latency later. Lane 0 of the row reads
+  the one target logit (only for a target in [0, V)) before the row reduction, which hides that
+  load, and writes lse (float32, the cache) and loss = (m - x_t) + log s, formed without rounding
+  lse first (at |x| ~ 1e4 its float32 ulp is 1e-3).
+- ``valid_sum_kernel``: one CTA of ``SUM_THREADS`` adds the losses (float32) and counts the valid
+  rows (int32, exact) in a strided loop unrolled ``SUM_UNROLL`` times (that many loads of each in
+  flight per thread: one CTA is latency bound, 256 threads unrolled 4 took ~60 us at N = 32768),
+  then reduces both over the CTA in a fixed order (deterministic, no atomics, no host sync) and
+  writes the mean or the sum; the backward of a mean uses it to count n_valid alone.
 - ``cross_entropy_backward_kernel``: the same rows and chunks, elementwise given the cached lse:
   every element gets exp(x - lse) g, then the thread that stored the target column's vector stores
   (exp(x_t - lse) - 1) g over it (one thread's stores to one address land in program order), so no
@@ -56,17 +60,19 @@ from ._rows import (LOG2E, NEG_INF, THREADS, check_sizes, chunk_predicate, combi
                     row_thread, row_vector_width, row_views, rows_allreduce, store_chunk)
 
 NAN = float("nan")
+SUM_THREADS = 1024  # valid_sum_kernel's one CTA: 32 rows a thread at N = 32768, 8 loads of each in flight
+SUM_UNROLL = 8
 
 
 @cute.jit
-def _classes_to_read(t: Int64, ignore_index: Int64, V: Int32) -> Int32:
-    """V for a row whose target is a class in [0, V), else 0 (ignored or out of range: read nothing)."""
-    n = Int32(0)
+def _is_class(t: Int64, ignore_index: Int64, V: Int32) -> Int32:
+    """1 for a target that is a class in [0, V), else 0 (ignored or out of range)."""
+    ok = Int32(0)
     if t != ignore_index:
         if t >= 0:
             if t < V:
-                n = V
-    return n
+                ok = Int32(1)
+    return ok
 
 
 def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
@@ -83,25 +89,33 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
         buffer = reduction_buffer(plan_, 2)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row = mX[None, (row,)]
-        t = Int64(ignore_index)
+        # The logits do not wait for the target: every row in range is read (an ignored or out-of-range
+        # row's values go unused), so its loads issue right behind the target's.
+        t, n = Int64(ignore_index), Int32(0)
         if row < rows:
-            t = Int64(mT[row])
-        n = _classes_to_read(t, ignore_index, V)
+            t, n = Int64(mT[row]), V
         state = (Float32(NEG_INF), Float32(0.0))
         for c in cutlass.range(cute.ceil_div(V, chunk), unroll=1):
             pred = chunk_predicate(tXcX, n - c * chunk, vpt)
             x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
             state = online_lse(state, x)
+        # lane 0 reads the target logit (a line the CTA has just read) before the row reduction, which
+        # hides its latency
+        valid = _is_class(t, ignore_index, V)
+        x_t = Float32(0.0)
+        if lane == 0:
+            if valid != 0:
+                x_t = x_row[t].to(Float32)
         m, s = rows_allreduce(state, combine_lse, plan_, buffer)
         if lane == 0:
             if row < rows:
                 lse, loss = Float32(NAN), Float32(NAN)  # out of range
                 if t == ignore_index:
                     lse, loss = Float32(0.0), Float32(0.0)
-                if n > 0:
+                if valid != 0:
                     log_s = cute.math.log(s)
                     lse = m + log_s
-                    loss = (m - x_row[t].to(Float32)) + log_s  # lse - x_t without rounding lse first
+                    loss = (m - x_t) + log_s  # lse - x_t without rounding lse first
                 mLse[row] = lse
                 mLoss[row] = loss.to(mLoss.element_type)
 
@@ -127,18 +141,19 @@ def _valid_sum_factory(target_dtype, out_dtype, mode: str):
         # mLoss: (N,) float32 (None for "count"); mT: (N,); mOut: (1,)
         tidx, _, _ = cute.arch.thread_idx()
         smem = cutlass.memory.SmemAllocator()
-        warps = cute.make_ordered_layout((1, THREADS // _reduce.WARP, 1), order=(2, 1, 0))  # row_allreduce's buffers
+        # row_allreduce's buffers: (1, warps, 1)
+        warps = cute.make_ordered_layout((1, SUM_THREADS // _reduce.WARP, 1), order=(2, 1, 0))
         sum_buffer = smem.allocate_tensor(Float32, warps, byte_alignment=16)
         count_buffer = smem.allocate_tensor(Int32, warps, byte_alignment=16)
         total, count = Float32(0.0), Int32(0)  # the count is exact, an int32 as in triton
-        for i in cutlass.range(Int64(tidx), rows, THREADS, unroll=4):
+        for i in cutlass.range(Int64(tidx), rows, SUM_THREADS, unroll=SUM_UNROLL):
             if Int64(mT[i]) != ignore_index:
                 count += 1
             if const_expr(mode != "count"):
                 total += mLoss[i]  # ignored rows hold 0, out-of-range rows NaN
-        (count,) = row_allreduce((count,), combine_sum, THREADS, count_buffer)
+        (count,) = row_allreduce((count,), combine_sum, SUM_THREADS, count_buffer)
         if const_expr(mode != "count"):
-            (total,) = row_allreduce((total,), combine_sum, THREADS, sum_buffer)
+            (total,) = row_allreduce((total,), combine_sum, SUM_THREADS, sum_buffer)
         if tidx == 0:
             n_valid = Float32(count)
             out = n_valid
@@ -157,7 +172,7 @@ def _valid_sum_factory(target_dtype, out_dtype, mode: str):
         mT = cute.make_tensor(pT, cute.make_layout((rows,), stride=(t_stride,)))
         mOut = cute.make_tensor(pOut, cute.make_layout((1,)))
         valid_sum_kernel(mLoss, mT, mOut, rows, ignore_index).launch(
-            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[1, 1, 1], block=[SUM_THREADS, 1, 1], stream=stream)
 
     return valid_sum_host
 
