@@ -37,7 +37,7 @@ instruction alone, where tl.exp adds a range check and two multiplies; column in
 (a row is < 2^31 long) and no element is compared with the target. An earlier version that picked
 the target from the registers (an int64 compare, a select and a second sum per element) and used
 tl.exp cost ~27: at 2 bytes per element that, not the memory, set the time (0.47 of copy bandwidth
-for bfloat16 at 32768 x 8192 on an H200; 0.86 now).
+for bfloat16 at 32768 x 8192 on an H200; 0.87 now).
 """
 from __future__ import annotations
 
@@ -193,8 +193,8 @@ def cross_entropy_backward_kernel(x_ptr, target_ptr, lse_ptr, dout_ptr, n_valid_
 def _forward_options(N, V):
     """The forward's launch options: rows of up to ``ONE_PASS_V`` logits in one pass, ``TILE`` logits
     per program (BLOCK_M rows, at most the next power of two of N); longer rows in ``CHUNK``-column
-    steps. Measured on an H200 (scripts/gpu_checks/triton_rows.py, 32768 rows): one pass ran 14%
-    (float32) and 34% (bfloat16) faster than chunked at V = 8192, 4% (bfloat16) at V = 16384."""
+    steps. Measured on an H200 (scripts/gpu_checks/triton_rows.py, 32768 rows): one pass ran 3%
+    (float32) and 48% (bfloat16) faster than chunked at V = 8192, 5% (bfloat16) at V = 16384."""
     if V > ONE_PASS_V:
         block_v = _block_v(V)
         return {"ONE_PASS": False, "BLOCK_M": 1, "BLOCK_V": block_v, "num_warps": _warps(block_v)}
