@@ -1,5 +1,6 @@
 """What the CuTe activation ops (gelu, silu, relu, swiglu) share: sigmoid, its silu slope and a fast
-exp on float32 register fragments (as triton's ``_pointwise.py``), and ``by_vector``.
+exp on float32 register fragments (as triton's ``_pointwise.py``), ``by_vector``, and ``unary`` /
+``unary_backward``, the host side of the one-input ops (relu, silu, gelu).
 
 Each activation is an ``_elementwise.Elementwise`` declaration: the kernel (any shape and strides,
 128-bit vectors where the layouts allow, 4 vectors per thread in flight) is ``_elementwise``'s;
@@ -30,8 +31,12 @@ element (forward) or ~60 (backward) would saturate them, and libdevice's ``expf`
 """
 from __future__ import annotations
 
+import torch
+
 import cutlass.cute as cute
 from cutlass import Float32
+
+from ._elementwise import Elementwise, run
 
 
 def exp(x):
@@ -69,3 +74,20 @@ def by_vector(f):
         return tuple(out.load() for out in outs)
 
     return math
+
+
+def unary(forward: Elementwise, x: torch.Tensor):
+    """``(y, (x,))``: the one-input op ``forward`` (x -> y) on x, and x cached for the backward."""
+    out = torch.empty_like(x)
+    run(forward, (x, out))
+    return out, (x,)
+
+
+def unary_backward(backward: Elementwise, dout: torch.Tensor, cache, needs):
+    """``(dx,)`` from ``backward`` ((dy, x) -> dx) on the cached x; ``(None,)`` when x needs none."""
+    (x,) = cache
+    if not needs[0]:
+        return (None,)
+    dx = torch.empty_like(x)
+    run(backward, (dout, x, dx))
+    return (dx,)

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 import cutlass.cute as cute
 
-from ._activation import by_vector, exp, sigmoid
-from ._elementwise import Elementwise, run
+from ._activation import by_vector, exp, sigmoid, unary, unary_backward
+from ._elementwise import Elementwise
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 RSQRT_2 = 1 / math.sqrt(2)
@@ -66,15 +64,8 @@ BACKWARD = {  # (dy, x) -> dx
 
 
 def gelu(x, approximate):
-    out = torch.empty_like(x)
-    run(FORWARD[approximate], (x, out))
-    return out, (x,)
+    return unary(FORWARD[approximate], x)
 
 
 def gelu_backward(dout, cache, needs, approximate):
-    (x,) = cache
-    if not needs[0]:
-        return (None,)
-    dx = torch.empty_like(x)
-    run(BACKWARD[approximate], (dout, x, dx))
-    return (dx,)
+    return unary_backward(BACKWARD[approximate], dout, cache, needs)

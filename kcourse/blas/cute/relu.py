@@ -13,12 +13,10 @@ input gives NaN (``max.f32`` would return 0).
 """
 from __future__ import annotations
 
-import torch
-
 import cutlass.cute as cute
 
-from ._activation import by_vector
-from ._elementwise import Elementwise, run
+from ._activation import by_vector, unary, unary_backward
+from ._elementwise import Elementwise
 
 FORWARD = Elementwise("relu", inputs=1, outputs=1, float32=True,
                       math=by_vector(lambda x: (cute.where(x < 0.0, 0.0, x),)))
@@ -27,15 +25,8 @@ BACKWARD = Elementwise("relu", inputs=2, outputs=1, float32=True,  # (dy, x) -> 
 
 
 def relu(x):
-    out = torch.empty_like(x)
-    run(FORWARD, (x, out))
-    return out, (x,)
+    return unary(FORWARD, x)
 
 
 def relu_backward(dout, cache, needs):
-    (x,) = cache
-    if not needs[0]:
-        return (None,)
-    dx = torch.empty_like(x)
-    run(BACKWARD, (dout, x, dx))
-    return (dx,)
+    return unary_backward(BACKWARD, dout, cache, needs)

@@ -12,10 +12,8 @@ rounding per output). ``sigmoid`` is built from ``exp(-|x|)`` (``_activation.py`
 """
 from __future__ import annotations
 
-import torch
-
-from ._activation import by_vector, sigmoid, silu_slope
-from ._elementwise import Elementwise, run
+from ._activation import by_vector, sigmoid, silu_slope, unary, unary_backward
+from ._elementwise import Elementwise
 
 FORWARD = Elementwise("silu", inputs=1, outputs=1, float32=True, math=by_vector(lambda x: (x * sigmoid(x),)))
 BACKWARD = Elementwise("silu", inputs=2, outputs=1, float32=True,  # (dy, x) -> dx
@@ -23,15 +21,8 @@ BACKWARD = Elementwise("silu", inputs=2, outputs=1, float32=True,  # (dy, x) -> 
 
 
 def silu(x):
-    out = torch.empty_like(x)
-    run(FORWARD, (x, out))
-    return out, (x,)
+    return unary(FORWARD, x)
 
 
 def silu_backward(dout, cache, needs):
-    (x,) = cache
-    if not needs[0]:
-        return (None,)
-    dx = torch.empty_like(x)
-    run(BACKWARD, (dout, x, dx))
-    return (dx,)
+    return unary_backward(BACKWARD, dout, cache, needs)

@@ -58,7 +58,7 @@ from triton.runtime.errors import OutOfResources
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import INTERPRET
+from ._launch import INTERPRET, sm_count
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -302,11 +302,9 @@ def tma_layouts(A, B, out):
     return a[0], a[1], not b[0], b[1]
 
 
-@functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRET_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """The GPU's SM count (``_launch.sm_count``), ``INTERPRET_SMS`` in the interpreter."""
+    return sm_count(device) if device.type == "cuda" else INTERPRET_SMS
 
 
 def split_k(batch, M, N, K, sms):
