@@ -328,12 +328,18 @@ def _split_tf32(x: cute.Tensor):
 # ----------------------------------------------------------------------------- fragments as rows x cols
 
 def mn_view(t: cute.Tensor) -> cute.Tensor:
-    """An accumulator fragment ((2, 2), MMA_M, MMA_N) seen as (rows, cols) = ((2, MMA_M), (2, MMA_N)):
-    a thread's rows are g, g + 8 of each m16 block, its columns 2t, 2t + 1 of each n8 block."""
+    """An accumulator fragment seen as (rows, cols): a thread's rows are g, g + 8 of each m16 block, its
+    columns 2t, 2t + 1 of each n8 block (lane = 4 g + t).
+
+      mma.sync ((2, 2), MMA_M, MMA_N)          -> ((2, MMA_M), (2, MMA_N))
+      WGMMA    ((2, 2, N / 8), MMA_M, MMA_N)   -> ((2, MMA_M), (2, N / 8, MMA_N))  (a warp's 16 rows of 64)
+    """
     compact = cute.make_layout(t.layout.shape)
-    view = cute.make_layout(
-        ((compact.shape[0][1], compact.shape[1]), (compact.shape[0][0], compact.shape[2])),
-        stride=((compact.stride[0][1], compact.stride[1]), (compact.stride[0][0], compact.stride[2])))
+    shape, stride = compact.shape, compact.stride
+    cols, col_strides = (shape[0][0], shape[2]), (stride[0][0], stride[2])
+    if cutlass.const_expr(cute.rank(shape[0]) == 3):
+        cols, col_strides = (shape[0][0], shape[0][2], shape[2]), (stride[0][0], stride[0][2], stride[2])
+    view = cute.make_layout(((shape[0][1], shape[1]), cols), stride=((stride[0][1], stride[1]), col_strides))
     return cute.make_tensor(t.iterator, cute.composition(t.layout, view))
 
 

@@ -51,6 +51,7 @@ import torch
 
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
 from ._attention_fwd import LOG2E, _fwd_factory
+from ._attention_fwd_sm90 import attention_fwd_sm90, supports as sm90_supports
 from ._compile import launch, pointer, stream
 from ._reduce import vector_width
 
@@ -122,6 +123,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
     (q, k, v), vec = _readable(q, k, v)
+    if sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
+        attention_fwd_sm90(q, k, v, out, lse, causal, scale)
+        return out, (q, k, v, out, lse)
     vec = min(vec, _vec([out]))
     align = vec * q.element_size()
     launch(_fwd_factory, (q.dtype, _math_mode(q.dtype), Dp, causal, vec),

@@ -1,0 +1,423 @@
+"""The cute attention forward on Hopper (sm_90a): TMA, WGMMA and warp specialization (FlashAttention-3's design).
+
+Math (per batch b, query head h, its kv head g = h // (H / Hkv), c = scale > 0; docs/attention.md):
+
+    S = q k^T (Tq, Tk)     P = softmax_rows(c S)  (causal: key j visible to query i iff j <= i)
+    out = P v (Tq, D)      lse_i = log sum_j exp(c S_ij)  (float32, saved for the backward)
+
+The same results, cache and lse as the mma.sync kernel of ``_attention_fwd`` (which takes every case
+this one does not: float32, head dims other than 64 and 128, strides TMA cannot describe, scale <= 0,
+GPUs before Hopper). FLOPs 4 B H Tq Tk D (about half with the causal mask).
+
+Why another kernel
+------------------
+On an H100 the mma.sync kernel reaches ~300 TFLOP/s at D = 128: mma.sync is a warp-wide instruction
+whose operands go through registers (ldmatrix), and the warps that multiply also load and exponentiate,
+so the tensor cores idle during the softmax. Hopper's WGMMA (``wgmma.mma_async``) multiplies a 64 x N x 16
+block per warpgroup (4 warps) straight out of shared memory, asynchronously: the warps issue it and go on
+computing until they wait for it. TMA copies whole tiles into shared memory with one instruction. The
+kernel is organized around those two.
+
+Warp roles (384 threads = 3 warpgroups; CTA = 128 queries of one (head, batch))
+-----------------------------------------------------------------------------
+  - warpgroups 0 and 1, the *consumers*, each own 64 query rows: S = Q K^T (WGMMA, Q and K from smem,
+    64 x 128 float32 accumulators = 64 registers a thread), the online softmax in registers, and
+    O += P V (WGMMA with A = P from registers, "RS": P never leaves the registers; B = V from smem).
+  - warpgroup 2, the *producer*: one thread issues the TMA loads (Q once, then K and V tiles of 128 keys
+    into two 2-stage rings, each stage guarded by a "full" mbarrier the copy engine completes and an
+    "empty" one the 8 consumer warps arrive on). It keeps 24 registers (``setmaxnreg``) and gives the
+    rest to the consumers (240).
+
+Out-of-range rows need no masks on the loads: TMA fills the part of a box outside the tensor (query rows
+past Tq, key rows past Tk) with zeros, and a box never crosses D (the box is D wide).
+
+The consumer loop (FlashAttention-3's intra-warpgroup overlap)
+-------------------------------------------------------------
+Key tiles are visited from the last (the masked ones: the causal diagonal, the Tk tail) to the first,
+so that the first tile already gives every row a finite max (a query row i >= the tile's first row
+sees the first key of the last tile), and the masks are a prefix of the loop. With tile n just
+multiplied into S and turned into P:
+
+    issue S' = Q K[n-1]^T              (async)
+    issue O += P V[n]                  (async: P is read from registers while the next line runs)
+    wait for S'; mask S' if needed; m' = max(m, rowmax S'); alpha = exp2(c (m - m'))
+    p' = exp2(c S' - c m'); l = alpha l + rowsum p'          (the softmax of tile n-1 overlaps P V[n])
+    wait for P V[n]; O *= alpha; P = bf16(p')
+
+so the tensor cores always have a product queued while the warpgroup exponentiates. Scores stay in raw
+units: one FFMA (c s - c m') feeds each exp2. The P registers are the S accumulators reinterpreted: a
+thread's accumulator pairs for n8 blocks 2j and 2j+1 are exactly its A-operand registers for k block j
+of P V (``acc_as_operand_a``), as for mma.sync.
+
+Ping-pong (``pingpong``): two named barriers make the consumers take turns to issue their WGMMAs, so that
+one warpgroup's softmax runs while the other's products run, FlashAttention-3's inter-warpgroup overlap.
+
+The epilogue: out = O / l rounded to the dtype, stored straight from registers, rows past Tq skipped;
+lse = (c m + log2 l) ln 2, one lane of each quad per row.
+
+What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
+unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
+and 16-byte aligned base addresses. Compile key: (dtype, D, causal, pingpong); sizes, strides and the
+scale are runtime arguments.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from . import _compile
+from ._attention_fwd import _mask_scores, mn_view, quad_max, quad_sum, row_tensor
+
+LN2 = math.log(2.0)
+VEC = 8  # 16 bytes of a 16-bit type: TMA's unit of address and stride
+HEAD_DIMS = (64, 128)
+_TMA_MAX_STRIDE = 2**39  # elements of 2 bytes: TMA strides stay below 2^40 bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side: which calls the kernel takes, and their TMA strides
+# ------------------------------------------------------------------------------------------------
+def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """(batch, head, sequence) strides of a (B, H, T, D) tensor as TMA takes them, or None if it cannot.
+
+    Strides must be positive multiples of 8 elements below 2^39; a dim of extent 1 is never stepped
+    over, so its stride is replaced by a legal one (the extent of the dims inside it)."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return None
+    B, H, T, D = t.shape
+    s_b, s_h, s_t = t.stride()[:3]
+    s_t = s_t if T > 1 else D
+    s_h = s_h if H > 1 else s_t * T
+    s_b = s_b if B > 1 else s_h * H
+    s_t, s_h, s_b = (-(-s // VEC) * VEC if n == 1 else s for s, n in ((s_t, T), (s_h, H), (s_b, B)))
+    if any(s % VEC or not 0 < s < _TMA_MAX_STRIDE for s in (s_b, s_h, s_t)):
+        return None
+    return s_b, s_h, s_t
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
+    """True when this kernel computes the forward of these (B, H, T, D) operands: see the module docstring."""
+    return (_compile.target() == "sm_90a" and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] in HEAD_DIMS and scale > 0
+            and all(tma_strides(t) is not None for t in (q, k, v)))
+
+
+def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, pingpong: bool = True) -> None:
+    """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
+    Tq, D) contiguous, lse (B, H, Tq) float32 contiguous."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    pointer = _compile.pointer
+    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, pingpong),
+                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 4), pointer(lse, 4),
+                    B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
+                    scale * math.log2(math.e), _compile.stream_of(q))
+
+
+# ------------------------------------------------------------------------------------------------
+# Register-level helpers
+# ------------------------------------------------------------------------------------------------
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """A WGMMA accumulator ((2, 2, N / 8), MMA_M, MMA_N) seen as the A operand of the next product,
+    ((2, 2, 2), MMA_M, (N / 16, MMA_N)): for k block j of 16 keys the A registers of a thread are its
+    accumulator values of n8 blocks 2j and 2j + 1 (column pair, row half, then block), the same values
+    in the same order, so the view costs no instruction."""
+    blocks = cute.logical_divide(acc.layout, ((None, None, 2), None, None))  # ((2, 2, (2, N/16)), M, N)
+    s, d = blocks.shape, blocks.stride
+    return cute.make_tensor(acc.iterator, cute.make_layout(
+        ((s[0][0], s[0][1], s[0][2][0]), s[1], (s[0][2][1], s[2])),
+        stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2]))))
+
+
+@cute.jit
+def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
+          zero_init: cutlass.Constexpr):
+    """Issue acc (+)= a b, k block by k block, as one WGMMA group; does not wait for it. a (MMA, MMA_M,
+    MMA_K) registers or smem descriptors, b (MMA, MMA_N, MMA_K) descriptors."""
+    warpgroup.fence()  # register writes to acc and a come before the WGMMAs read them
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        cute.gemm(atom, acc, a[None, None, kb], b[None, None, kb], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def softmax_tile(S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
+                 scale_log2: Float32):
+    """One key tile of the online softmax on a (rows, cols) view of raw scores: S becomes p = exp2(c S -
+    c m') with m' the new row max, l = alpha l + rowsum p, alpha = exp2(c (m - m')) (0 on the first tile)."""
+    for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+        s_row = S[r, None].load()
+        m_new = cute.arch.fmax(row_max[r], quad_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)))
+        m_use = 0.0 if m_new == -Float32.inf else m_new  # a row with no key yet: p = 0, no NaN
+        alpha[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
+        p_row = cute.math.exp2(s_row * scale_log2 - m_use * scale_log2, fastmath=True)
+        S[r, None].store(p_row)
+        row_sum[r] = row_sum[r] * alpha[r] + p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        row_max[r] = m_new
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+class _AttentionFwdSm90:
+    """The compiled kernel for one key (dtype, D, causal, pingpong); ``__call__`` is the host function."""
+
+    threads_per_wg = 128
+    consumer_wgs = 2
+    tile_m = 128  # queries per CTA: 64 per consumer warpgroup
+    tile_n = 128  # keys per tile
+    stages = 2  # K and V rings
+    producer_warp = 8  # the first warp of warpgroup 2
+    producer_regs, consumer_regs = 24, 240  # 128 * 24 + 256 * 240 = 64512 of the SM's 65536
+    pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
+
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool, pingpong: bool):
+        self.dtype = _compile.DTYPES[dtype]
+        self.D, self.causal, self.pingpong = D, causal, pingpong
+        self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
+
+    @cute.jit
+    def __call__(self, pq: cute.Pointer, pk: cute.Pointer, pv: cute.Pointer, po: cute.Pointer, plse: cute.Pointer,
+                 B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32,
+                 sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
+                 sv_b: Int64, sv_h: Int64, sv_t: Int64, so_b: Int64, so_h: Int64, so_t: Int64,
+                 scale_log2: Float32, stream: cuda.CUstream):
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+
+        def strides(s_t, s_h, s_b):  # promised multiples of 8 elements (the host checked)
+            return cute.assume(s_t, divby=VEC), cute.assume(s_h, divby=VEC), cute.assume(s_b, divby=VEC)
+
+        # --- global tensors in CuTe's GEMM order: S = Q K^T has A = Q (M=Tq, K=D) and B = K (N=Tk, K=D),
+        # both K-major; O = P V has B = V^T (N=D, K=Tk): V read in place as an MN-major operand
+        q_t, q_h, q_b = strides(sq_t, sq_h, sq_b)
+        k_t, k_h, k_b = strides(sk_t, sk_h, sk_b)
+        v_t, v_h, v_b = strides(sv_t, sv_h, sv_b)
+        mQ = cute.make_tensor(pq, cute.make_layout((Tq, D, H, B), stride=(q_t, 1, q_h, q_b)))
+        mK = cute.make_tensor(pk, cute.make_layout((Tk, D, Hkv, B), stride=(k_t, 1, k_h, k_b)))
+        mVt = cute.make_tensor(pv, cute.make_layout((D, Tk, Hkv, B), stride=(1, v_t, v_h, v_b)))
+        mO = cute.make_tensor(po, cute.make_layout((Tq, D, H, B), stride=(so_t, 1, so_h, so_b)))
+        mLSE = row_tensor(plse, Tq, H, B)
+
+        # --- the two products, each warpgroup a 64-row slice: S (64 x bN) and O (64 x D), float32
+        major = warpgroup.OperandMajorMode
+        mma_qk = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.K, Float32,
+                                                   (self.consumer_wgs, 1, 1), tiler_mn=(64, bN))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.MN, Float32,
+                                                   (self.consumer_wgs, 1, 1), tiler_mn=(64, D),
+                                                   a_source=warpgroup.OperandSource.RMEM)
+
+        # --- shared memory: 128-byte-swizzled tiles, as TMA writes them and WGMMA reads them
+        row_major, col_major = utils.LayoutEnum.ROW_MAJOR, utils.LayoutEnum.COL_MAJOR
+        q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, 1)  # (bM, D, 1)
+        k_smem = sm90_utils.make_smem_layout_b(row_major, (bM, bN, D), self.dtype, self.stages)  # (bN, D, S)
+        v_smem = sm90_utils.make_smem_layout_b(col_major, (bM, D, bN), self.dtype, self.stages)  # (D, bN, S)
+
+        # --- TMA: one box per tile (the DSL splits a 256-byte-wide row into two 128-byte boxes)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, (None, None, 0)), (bM, D))
+        tma_k, tma_mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, (None, None, 0)), (bN, D))
+        tma_v, tma_mVt = cpasync.make_tiled_tma_atom(load, mVt, cute.slice_(v_smem, (None, None, 0)), (D, bN))
+
+        @cute.struct
+        class SharedStorage:
+            q_full: cute.struct.MemRange[cutlass.Int64, 2]  # full, empty (the Q "ring" of one stage)
+            k_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv,
+                    q_smem, k_smem, v_smem, H // Hkv, scale_log2).launch(
+            grid=[cute.ceil_div(Tq, bM), H, B], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, q_smem: cute.ComposedLayout,
+               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, scale_log2: Float32):
+        # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B): TMA coordinate tensors;
+        # mO (Tq, D, H, B) out itself; mLSE (Tq, H, B) float32
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        bx, h, b = cute.arch.block_idx()
+        Tq, Tk = mO.shape[0], mK.shape[0]
+        m_block = cute.ceil_div(Tq, bM) - 1 - bx  # the last (longest causal) query tiles start first
+        row0 = m_block * bM
+        hk = h // group
+        if warp_idx == self.producer_warp:
+            for atom in (tma_q, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+
+        # --- the key tiles [0, n_blocks), visited last to first; tiles >= n_masked need the mask
+        n_blocks = cute.ceil_div(Tk, bN)
+        n_masked = Tk // bN
+        if cutlass.const_expr(self.causal):
+            n_blocks = cute.ceil_div(cutlass.min(row0 + bM, Tk), bN)
+            n_masked = cutlass.min(row0 // bN, n_masked)
+
+        # --- shared memory and the three pipelines (Q: one stage, K and V: two)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (bM, D, 1)
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bN, D, S)
+        sVt = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (D, bN, S)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_wgs * 4)  # one arrive a warp
+
+        def ring(barriers, stages, layout):
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers.data_ptr(), num_stages=stages, producer_group=producer,
+                consumer_group=consumers, tx_count=cute.size_in_bytes(self.dtype, cute.slice_(layout, (None, None, 0))),
+                cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+
+        q_pipe = ring(storage.q_full, 1, q_smem)
+        k_pipe = ring(storage.k_barriers, self.stages, k_smem)
+        v_pipe = ring(storage.v_barriers, self.stages, v_smem)
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()  # every barrier initialised before anyone uses it
+
+        if wg_idx == self.consumer_wgs:  # ---------------------------------------------- producer
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == self.producer_warp:
+                gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
+                gK = cute.local_tile(mK[None, None, hk, b], (bN, D), (None, 0))  # (bN, D, key tiles)
+                gVt = cute.local_tile(mVt[None, None, hk, b], (D, bN), (0, None))  # (D, bN, key tiles)
+                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                                   cute.group_modes(gQ, 0, 2))
+                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                                   cute.group_modes(gK, 0, 2))
+                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVt, 0, 2),
+                                                   cute.group_modes(gVt, 0, 2))
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_pipe.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for i in cutlass.range(n_blocks, unroll=1):
+                    n = n_blocks - 1 - i
+                    k_pipe.producer_acquire(k_state)  # wait until the stage is free, arm "full"
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, k_state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                    k_state.advance()
+                    v_pipe.producer_acquire(v_state)
+                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                    v_state.advance()
+
+        if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx, h, b,
+                         row0, Tq, Tk, n_blocks, n_masked, scale_log2)
+
+    @cute.jit
+    def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
+                sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32,
+                wg_idx: Int32, h: Int32, b: Int32, row0: Int32, Tq: Int32, Tk: Int32, n_blocks: Int32,
+                n_masked: Int32, scale_log2: Float32):
+        """A consumer warpgroup: its 64 rows of out and lse."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        # operands: smem descriptors for Q, K and V^T; P in registers
+        wg_qk = mma_qk.get_slice(wg_idx * self.threads_per_wg)
+        wg_pv = mma_pv.get_slice(wg_idx * self.threads_per_wg)
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K, 1)
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, S)
+        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))  # (MMA, MMA_N, MMA_K, S)
+        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)  # ((2, 2, bN/8), 1, 1)
+        acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((bM, D)), Float32)  # ((2, 2, D/8), 1, 1)
+        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((bM, bN)))  # ((2, 2, 2), 1, bN/16) of dtype
+        S, O = mn_view(acc_s), mn_view(acc_o)  # (2 rows, bN/4 or D/4 columns) of this thread
+        cS = mn_view(mma_qk.get_slice(tidx).partition_C(cute.make_identity_tensor((bM, bN))))
+        rows = cute.size(S, mode=[0])
+        row_max = cute.make_rmem_tensor((rows,), Float32)
+        row_sum = cute.make_rmem_tensor((rows,), Float32)
+        alpha = cute.make_rmem_tensor((rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        acc_o.fill(0.0)
+
+        barrier_mine = self.pingpong_barrier + wg_idx
+        barrier_other = self.pingpong_barrier + 1 - wg_idx
+        pair = 2 * self.threads_per_wg
+        if cutlass.const_expr(self.pingpong):
+            if wg_idx == 1:  # warpgroup 0 issues first
+                cute.arch.barrier_arrive(barrier_id=barrier_other, number_of_threads=pair)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        k_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_pipe.consumer_wait(q_state)
+
+        # --- the last key tile: S, mask, P (always masked: the Tk tail or the causal diagonal)
+        n_last = n_blocks - 1
+        k_pipe.consumer_wait(k_read)
+        wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
+        warpgroup.wait_group(0)
+        k_pipe.consumer_release(k_read)
+        k_read.advance()
+        _mask_scores(S, cS, row0, n_last * bN, Tk, self.causal)
+        softmax_tile(S, row_max, row_sum, alpha, scale_log2)
+        tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+
+        # --- every other tile: S of tile n and P V of tile n + 1 in flight together
+        for i in cutlass.range(1, n_blocks, unroll=1):
+            n = n_last - i
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=barrier_mine, number_of_threads=pair)
+            k_pipe.consumer_wait(k_read)
+            wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
+            v_pipe.consumer_wait(v_read)
+            wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier_arrive(barrier_id=barrier_other, number_of_threads=pair)
+            warpgroup.wait_group(1)  # S is ready (P V may still run)
+            k_pipe.consumer_release(k_read)
+            k_read.advance()
+            if n >= n_masked:
+                _mask_scores(S, cS, row0, n * bN, Tk, self.causal)
+            softmax_tile(S, row_max, row_sum, alpha, scale_log2)
+            warpgroup.wait_group(0)  # P V has read P and written O
+            v_pipe.consumer_release(v_read)
+            v_read.advance()
+            for r in cutlass.range_constexpr(rows):
+                O[r, None].store(O[r, None].load() * alpha[r])
+            tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+
+        # --- the first key tile's P V
+        v_pipe.consumer_wait(v_read)
+        wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
+        warpgroup.wait_group(0)
+        v_pipe.consumer_release(v_read)
+
+        # --- out = O / l, lse = (c m + log2 l) ln 2
+        lane = tidx % 32
+        for r in cutlass.range_constexpr(rows):
+            l = quad_sum(row_sum[r])
+            O[r, None].store(O[r, None].load() * (1.0 / l))
+            row = row0 + cS[r, 0][0]
+            if lane % 4 == 0:  # the quad's lanes hold the same row: one writes it
+                if row < Tq:
+                    mLSE[row, h, b] = (row_max[r] * scale_log2 + cute.math.log2(l)) * LN2
+        thr_pv = mma_pv.get_slice(tidx)
+        tOgO = thr_pv.partition_C(cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((bM, D)))
+        rO = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        rO.store(acc_o.load().to(self.dtype))
+        for i in cutlass.range_constexpr(cute.size(rO)):
+            if row0 + tOcO[i][0] < Tq:
+                tOgO[i] = rO[i]
