@@ -21,7 +21,8 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32  # noqa: E402
 from cutlass.cute.runtime import make_ptr  # noqa: E402
 
-from kcourse.blas.cute import _attention_fwd, _compile  # noqa: E402
+from kcourse.blas.cute import _attention_fwd, _attention_fwd_sm90, _compile  # noqa: E402
+from kcourse.blas.cute import attention as cute_attention  # noqa: E402
 from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E402
 from _cute import compiled_kernels  # noqa: E402
 
@@ -69,10 +70,26 @@ CASES = [
 ]
 
 
+def no_hopper_forward(monkeypatch):
+    """Send every forward to the mma.sync kernel (what a GPU before Hopper runs)."""
+    monkeypatch.setattr(cute_attention, "sm90_supports", lambda *args: False)
+
+
+@pytest.mark.parametrize("hopper", [True, False], ids=["sm90-forward", "mma.sync-forward"])
 @pytest.mark.parametrize("dtype, D, causal, shape, layout", CASES, ids=str)
-def test_attention_kernels_compile(monkeypatch, dtype, D, causal, shape, layout):
+def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape, layout):
+    if not hopper:
+        no_hopper_forward(monkeypatch)
     seen = compiled_kernels(monkeypatch)
     cache = run(*shape, D, dtype, causal, layout)
+    # the Hopper forward takes 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
+    if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
+        assert [name for name, _ in seen] == ["_AttentionFwdSm90"] + list(FACTORIES[1:]), seen
+        assert seen[0][1] == (dtype, D, causal, 128, not causal, D == 128 and not causal), seen[0]
+        seen[:1] = [("_fwd_factory", None)]
+        if layout == "bthd":
+            assert not cache[0].is_contiguous()
+        return
     assert [name for name, _ in seen] == list(FACTORIES), seen
     Dp = -(-D // 32) * 32
     mode = "mma16" if dtype != torch.float32 else "3xtf32"
@@ -99,11 +116,45 @@ def test_tf32_mode_and_partial_gradients(monkeypatch):
     assert [name for name, _ in seen] == ["_fwd_factory", "_delta_factory", "_dq_factory"], seen
 
 
-def test_a_compiled_kernel_is_reused():
+def test_a_compiled_kernel_is_reused(monkeypatch):
     run(1, 2, 2, 20, 20, 64, torch.float16, True)
     before = dict(_compile.COMPILE_SECONDS)
-    run(3, 6, 2, 300, 77, 56, torch.float16, True)  # other sizes (and D) of the same key
+    run(3, 6, 2, 300, 77, 64, torch.float16, True)  # other sizes of the same keys (Hopper forward)
     assert _compile.COMPILE_SECONDS == before
+    no_hopper_forward(monkeypatch)
+    run(1, 2, 2, 20, 20, 64, torch.float16, True)
+    before = dict(_compile.COMPILE_SECONDS)
+    run(3, 6, 2, 300, 77, 56, torch.float16, True)  # other sizes (and D) of the same mma.sync keys
+    assert _compile.COMPILE_SECONDS == before
+
+
+@pytest.mark.parametrize("persistent, pingpong", [(False, False), (True, False), (False, True)])
+def test_hopper_forward_variants_compile(persistent, pingpong):
+    """The variants ``config`` does not pick by default still build (benchmarks compare them)."""
+    q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
+    with _compile.compiling_only():
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, False, 0.1, persistent=persistent,
+                                               pingpong=pingpong)
+
+
+def test_hopper_forward_strides():
+    """What TMA is told: (batch, head, sequence) strides, multiples of 8 elements, extent-1 dims given a
+    legal stride; None (the mma.sync kernel) for what TMA cannot read."""
+    strides = _attention_fwd_sm90.tma_strides
+    assert strides(torch.zeros(2, 3, 5, 64, dtype=torch.float16)) == (960, 320, 64)
+    assert strides(torch.zeros(2, 5, 3, 64, dtype=torch.float16).transpose(1, 2)) == (960, 64, 192)
+    assert strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16)) == (64, 64, 64)
+    assert strides(torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 3, 1, 64)) is None  # heads share memory
+    assert strides(torch.zeros(2, 3, 5, 68, dtype=torch.float16)[..., :64]) is None  # sequence stride 68
+    assert strides(torch.zeros(2 * 3 * 5 * 64 + 1, dtype=torch.float16)[1:].view(2, 3, 5, 64)) is None  # 2 bytes off
+    supports = _attention_fwd_sm90.supports
+    q = torch.zeros(1, 2, 5, 128, dtype=torch.bfloat16)
+    assert supports(q, q, q, 0.1)
+    assert not supports(q, q, q, -0.1) and not supports(q, q, q, 0.0)  # the kernel needs scale > 0
+    assert not supports(q.float(), q.float(), q.float(), 0.1)
+    q96 = torch.zeros(1, 2, 5, 96, dtype=torch.bfloat16)
+    assert not supports(q96, q96, q96, 0.1)
 
 
 def test_empty_sequences_launch_nothing(monkeypatch):

@@ -70,13 +70,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import _compile
 from ._attention_fwd import _mask_scores, mn_view, quad_max, quad_sum, row_tensor
+from ._reduce import sm_count
 
 LN2 = math.log(2.0)
 VEC = 8  # 16 bytes of a 16-bit type: TMA's unit of address and stride
@@ -112,16 +113,27 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
             and all(tma_strides(t) is not None for t in (q, k, v)))
 
 
-def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, pingpong: bool = True) -> None:
+def config(D: int, causal: bool) -> dict:
+    """The kernel's variant for a head dim and mask: keys per tile, persistent grid, ping-pong. Measured
+    on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k; benchmarks/results/2026-11-22-cute-attention/variants-h200.log):
+    128 keys beat 176 (FlashAttention-3's non-causal tile) everywhere; the persistent grid is 1-7%
+    faster without the mask and 1-5% slower with it (its static order cannot start the longest
+    causal tiles first); ping-pong gains up to 1.5% at D = 128 without the mask and costs 1-3% elsewhere."""
+    return {"tile_n": 128, "persistent": not causal, "pingpong": D == 128 and not causal}
+
+
+def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
     """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
-    Tq, D) contiguous, lse (B, H, Tq) float32 contiguous."""
+    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``variant`` overrides
+    entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
+    c = {**config(D, causal), **variant}
     pointer = _compile.pointer
-    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, pingpong),
-                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 4), pointer(lse, 4),
+    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["pingpong"]),
+                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
-                    scale * math.log2(math.e), _compile.stream_of(q))
+                    scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,20 +185,21 @@ def softmax_tile(S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alp
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class _AttentionFwdSm90:
-    """The compiled kernel for one key (dtype, D, causal, pingpong); ``__call__`` is the host function."""
+    """The compiled kernel for one key (dtype, D, causal, tile_n, persistent, pingpong); ``__call__``
+    is the host function."""
 
     threads_per_wg = 128
     consumer_wgs = 2
-    tile_m = 128  # queries per CTA: 64 per consumer warpgroup
-    tile_n = 128  # keys per tile
+    tile_m = 128  # queries per work tile: 64 per consumer warpgroup
     stages = 2  # K and V rings
     producer_warp = 8  # the first warp of warpgroup 2
     producer_regs, consumer_regs = 24, 240  # 128 * 24 + 256 * 240 = 64512 of the SM's 65536
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
 
-    def __init__(self, dtype: torch.dtype, D: int, causal: bool, pingpong: bool):
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, pingpong: bool):
         self.dtype = _compile.DTYPES[dtype]
-        self.D, self.causal, self.pingpong = D, causal, pingpong
+        self.D, self.causal, self.tile_n = D, causal, tile_n
+        self.persistent, self.pingpong = persistent, pingpong
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -194,7 +207,7 @@ class _AttentionFwdSm90:
                  B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32,
                  sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
                  sv_b: Int64, sv_h: Int64, sv_t: Int64, so_b: Int64, so_h: Int64, so_t: Int64,
-                 scale_log2: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, sms: Int32, stream: cuda.CUstream):
         D, bM, bN = self.D, self.tile_m, self.tile_n
 
         def strides(s_t, s_h, s_b):  # promised multiples of 8 elements (the host checked)
@@ -208,7 +221,8 @@ class _AttentionFwdSm90:
         mQ = cute.make_tensor(pq, cute.make_layout((Tq, D, H, B), stride=(q_t, 1, q_h, q_b)))
         mK = cute.make_tensor(pk, cute.make_layout((Tk, D, Hkv, B), stride=(k_t, 1, k_h, k_b)))
         mVt = cute.make_tensor(pv, cute.make_layout((D, Tk, Hkv, B), stride=(1, v_t, v_h, v_b)))
-        mO = cute.make_tensor(po, cute.make_layout((Tq, D, H, B), stride=(so_t, 1, so_h, so_b)))
+        o_t, o_h, o_b = strides(so_t, so_h, so_b)
+        mO = cute.make_tensor(po, cute.make_layout((Tq, D, H, B), stride=(o_t, 1, o_h, o_b)))
         mLSE = row_tensor(plse, Tq, H, B)
 
         # --- the two products, each warpgroup a 64-row slice: S (64 x bN) and O (64 x D), float32
@@ -220,7 +234,7 @@ class _AttentionFwdSm90:
                                                    a_source=warpgroup.OperandSource.RMEM)
 
         # --- shared memory: 128-byte-swizzled tiles, as TMA writes them and WGMMA reads them
-        row_major, col_major = utils.LayoutEnum.ROW_MAJOR, utils.LayoutEnum.COL_MAJOR
+        row_major, col_major = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
         q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, 1)  # (bM, D, 1)
         k_smem = sm90_utils.make_smem_layout_b(row_major, (bM, bN, D), self.dtype, self.stages)  # (bN, D, S)
         v_smem = sm90_utils.make_smem_layout_b(col_major, (bM, D, bN), self.dtype, self.stages)  # (D, bN, S)
@@ -241,36 +255,53 @@ class _AttentionFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
 
         self.shared_storage = SharedStorage
+        # work tiles (query tile, head, batch), query tile fastest: the CTAs at work together read the
+        # same K and V. Persistent: one CTA per SM walks tiles bx, bx + grid, ... (its producer loads
+        # the next tile's Q, K and V during this tile's last products and stores). Otherwise one CTA a
+        # tile, in reverse query order: under the causal mask the longest tiles start first.
+        tiles = cute.ceil_div(Tq, bM) * H * B
+        grid = tiles
+        if cutlass.const_expr(self.persistent):
+            grid = cutlass.min(tiles, sms)
         self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv,
-                    q_smem, k_smem, v_smem, H // Hkv, scale_log2).launch(
-            grid=[cute.ceil_div(Tq, bM), H, B], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+                    q_smem, k_smem, v_smem, H // Hkv, tiles, scale_log2).launch(
+            grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def work_tile(self, tile: Int32, Tq: Int32, Tk: Int32, H: Int32):
+        """(m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile``: its key tiles are [0,
+        n_blocks), visited last to first, and those >= n_masked need the mask."""
+        bM, bN = self.tile_m, self.tile_n
+        m_tiles = cute.ceil_div(Tq, bM)
+        m_block = m_tiles - 1 - tile % m_tiles
+        h = (tile // m_tiles) % H
+        b = tile // m_tiles // H
+        row0 = m_block * bM
+        n_blocks = cute.ceil_div(Tk, bN)
+        n_masked = Tk // bN
+        if cutlass.const_expr(self.causal):
+            n_blocks = cute.ceil_div(cutlass.min(row0 + bM, Tk), bN)
+            n_masked = cutlass.min(row0 // bN, n_masked)
+        return m_block, h, b, row0, n_blocks, n_masked
 
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, q_smem: cute.ComposedLayout,
-               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, scale_log2: Float32):
+               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, tiles: Int32,
+               scale_log2: Float32):
         # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B): TMA coordinate tensors;
         # mO (Tq, D, H, B) out itself; mLSE (Tq, H, B) float32
         D, bM, bN = self.D, self.tile_m, self.tile_n
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        bx, h, b = cute.arch.block_idx()
-        Tq, Tk = mO.shape[0], mK.shape[0]
-        m_block = cute.ceil_div(Tq, bM) - 1 - bx  # the last (longest causal) query tiles start first
-        row0 = m_block * bM
-        hk = h // group
+        bx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        Tq, Tk, H = mO.shape[0], mK.shape[0], mO.shape[2]
         if warp_idx == self.producer_warp:
             for atom in (tma_q, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
-
-        # --- the key tiles [0, n_blocks), visited last to first; tiles >= n_masked need the mask
-        n_blocks = cute.ceil_div(Tk, bN)
-        n_masked = Tk // bN
-        if cutlass.const_expr(self.causal):
-            n_blocks = cute.ceil_div(cutlass.min(row0 + bM, Tk), bN)
-            n_masked = cutlass.min(row0 // bN, n_masked)
 
         # --- shared memory and the three pipelines (Q: one stage, K and V: two)
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
@@ -295,42 +326,48 @@ class _AttentionFwdSm90:
         if wg_idx == self.consumer_wgs:  # ---------------------------------------------- producer
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
-                gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
-                gK = cute.local_tile(mK[None, None, hk, b], (bN, D), (None, 0))  # (bN, D, key tiles)
-                gVt = cute.local_tile(mVt[None, None, hk, b], (D, bN), (0, None))  # (D, bN, key tiles)
-                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                                   cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                                   cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVt, 0, 2),
-                                                   cute.group_modes(gVt, 0, 2))
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                q_pipe.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for i in cutlass.range(n_blocks, unroll=1):
-                    n = n_blocks - 1 - i
-                    k_pipe.producer_acquire(k_state)  # wait until the stage is free, arm "full"
-                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, k_state.index)],
-                              tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-                    k_state.advance()
-                    v_pipe.producer_acquire(v_state)
-                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
-                              tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-                    v_state.advance()
+                tile = bx
+                while tile < tiles:
+                    m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
+                    hk = h // group
+                    gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
+                    gK = cute.local_tile(mK[None, None, hk, b], (bN, D), (None, 0))  # (bN, D, key tiles)
+                    gVt = cute.local_tile(mVt[None, None, hk, b], (D, bN), (0, None))  # (D, bN, key tiles)
+                    tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                                       cute.group_modes(gQ, 0, 2))
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                                       cute.group_modes(gK, 0, 2))
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                       cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2))
+                    q_pipe.producer_acquire(q_state)  # the previous tile's last S = Q K^T is done
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                    q_state.advance()
+                    for i in cutlass.range(n_blocks, unroll=1):
+                        n = n_blocks - 1 - i
+                        k_pipe.producer_acquire(k_state)  # wait until the stage is free, arm "full"
+                        cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, k_state.index)],
+                                  tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                        k_state.advance()
+                        v_pipe.producer_acquire(v_state)
+                        cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
+                                  tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                        v_state.advance()
+                    tile += grid
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx, h, b,
-                         row0, Tq, Tk, n_blocks, n_masked, scale_log2)
+            self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx,
+                         bx, grid, tiles, Tq, Tk, H, scale_log2)
 
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32,
-                wg_idx: Int32, h: Int32, b: Int32, row0: Int32, Tq: Int32, Tk: Int32, n_blocks: Int32,
-                n_masked: Int32, scale_log2: Float32):
-        """A consumer warpgroup: its 64 rows of out and lse."""
+                wg_idx: Int32, first: Int32, step: Int32, tiles: Int32, Tq: Int32, Tk: Int32, H: Int32,
+                scale_log2: Float32):
+        """A consumer warpgroup: its 64 rows of out and lse, for work tiles first, first + step, ..."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
         # operands: smem descriptors for Q, K and V^T; P in registers
         wg_qk = mma_qk.get_slice(wg_idx * self.threads_per_wg)
@@ -338,34 +375,57 @@ class _AttentionFwdSm90:
         tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K, 1)
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, S)
         tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))  # (MMA, MMA_N, MMA_K, S)
-        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)  # ((2, 2, bN/8), 1, 1)
         acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((bM, D)), Float32)  # ((2, 2, D/8), 1, 1)
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((bM, bN)))  # ((2, 2, 2), 1, bN/16) of dtype
-        S, O = mn_view(acc_s), mn_view(acc_o)  # (2 rows, bN/4 or D/4 columns) of this thread
+        O = mn_view(acc_o)  # (2 rows, D/4 columns) of this thread
         cS = mn_view(mma_qk.get_slice(tidx).partition_C(cute.make_identity_tensor((bM, bN))))
-        rows = cute.size(S, mode=[0])
+        rows = cute.size(O, mode=[0])
         row_max = cute.make_rmem_tensor((rows,), Float32)
         row_sum = cute.make_rmem_tensor((rows,), Float32)
         alpha = cute.make_rmem_tensor((rows,), Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
-        acc_o.fill(0.0)
+        thr_pv = mma_pv.get_slice(tidx)
+        cO = mn_view(thr_pv.partition_C(cute.make_identity_tensor((bM, D))))  # (rows, cols) coordinates
+        rO = cute.make_rmem_tensor_like(acc_o, self.dtype)
 
-        barrier_mine = self.pingpong_barrier + wg_idx
-        barrier_other = self.pingpong_barrier + 1 - wg_idx
-        pair = 2 * self.threads_per_wg
         if cutlass.const_expr(self.pingpong):
             if wg_idx == 1:  # warpgroup 0 issues first
-                cute.arch.barrier_arrive(barrier_id=barrier_other, number_of_threads=pair)
+                cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier, number_of_threads=2 * self.threads_per_wg)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        tile = first
+        while tile < tiles:
+            _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
+            q_state, k_read, v_read = self.consume_tile(wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO,
+                              row_max, row_sum, alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read,
+                              mO, mLSE, tidx, wg_idx, h, b, row0, n_blocks, n_masked, Tq, Tk, scale_log2)
+            tile += step
+
+    @cute.jit
+    def consume_tile(self, wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO,
+                     row_max, row_sum, alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read,
+                     mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32, wg_idx: Int32, h: Int32, b: Int32,
+                     row0: Int32, n_blocks: Int32, n_masked: Int32, Tq: Int32, Tk: Int32, scale_log2: Float32):
+        """One work tile: 64 rows of out and lse. Returns the advanced pipeline states (assigned in the
+        caller's loop, so that the DSL carries them from one tile to the next)."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        rows = cute.size(O, mode=[0])
+        barrier_mine = self.pingpong_barrier + wg_idx
+        barrier_other = self.pingpong_barrier + 1 - wg_idx
+        pair = 2 * self.threads_per_wg
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        acc_o.fill(0.0)
         q_pipe.consumer_wait(q_state)
 
         # --- the last key tile: S, mask, P (always masked: the Tk tail or the causal diagonal)
         n_last = n_blocks - 1
         k_pipe.consumer_wait(k_read)
+        # S accumulators are fresh registers for every product (zero_init ignores their values): an
+        # accumulator carried around the tile loop makes ptxas serialize every WGMMA
+        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)  # ((2, 2, bN/8), 1, 1)
+        S = mn_view(acc_s)  # (2 rows, bN/4 columns) of this thread
         wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
         warpgroup.wait_group(0)
         k_pipe.consumer_release(k_read)
@@ -380,6 +440,8 @@ class _AttentionFwdSm90:
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=barrier_mine, number_of_threads=pair)
             k_pipe.consumer_wait(k_read)
+            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)
+            S = mn_view(acc_s)
             wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
             v_pipe.consumer_wait(v_read)
             wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
@@ -398,11 +460,15 @@ class _AttentionFwdSm90:
                 O[r, None].store(O[r, None].load() * alpha[r])
             tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
 
+        q_pipe.consumer_release(q_state)  # the last S = Q K^T is done: the next tile's Q may come in
+        q_state.advance()
+
         # --- the first key tile's P V
         v_pipe.consumer_wait(v_read)
         wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(v_read)
+        v_read.advance()
 
         # --- out = O / l, lse = (c m + log2 l) ln 2
         lane = tidx % 32
@@ -413,11 +479,12 @@ class _AttentionFwdSm90:
             if lane % 4 == 0:  # the quad's lanes hold the same row: one writes it
                 if row < Tq:
                     mLSE[row, h, b] = (row_max[r] * scale_log2 + cute.math.log2(l)) * LN2
-        thr_pv = mma_pv.get_slice(tidx)
-        tOgO = thr_pv.partition_C(cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0)))
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((bM, D)))
-        rO = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        # each thread's (row, 2t..2t+1) pairs are 4 contiguous bytes: one store each
+        gO = mn_view(mma_pv.get_slice(tidx).partition_C(
+            cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0))))
         rO.store(acc_o.load().to(self.dtype))
-        for i in cutlass.range_constexpr(cute.size(rO)):
-            if row0 + tOcO[i][0] < Tq:
-                tOgO[i] = rO[i]
+        rO_rows = mn_view(rO)
+        for r in cutlass.range_constexpr(rows):
+            if row0 + cO[r, 0][0] < Tq:
+                cute.autovec_copy(rO_rows[r, None], gO[r, None])
+        return q_state, k_read, v_read

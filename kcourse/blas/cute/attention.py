@@ -1,4 +1,4 @@
-"""attention: fused flash attention (FlashAttention-2 on mma.sync tensor cores), forward and backward, in CuTe.
+"""attention: fused flash attention (FlashAttention-3 on Hopper, FlashAttention-2 on mma.sync), forward and backward, in CuTe.
 
 Per (batch, query head h), with q (Tq, D), the kv head's k and v (Tk, D), c = scale and the causal
 mask (query i sees keys j <= i, top-left aligned, also when Tq != Tk, as SDPA's ``is_causal``):
@@ -13,10 +13,12 @@ FLOPs 4 B H Tq Tk D forward, 14 B H Tq Tk D backward (S and dP are recomputed in
 kernels; about half of each with the causal mask). S and P never reach device memory: the extra
 memory is lse (B, H, Tq) float32, saved for the backward, and delta of the same size.
 
-Kernels (``_attention_fwd``, ``_attention_bwd``; their docstrings have the details):
-  - forward: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream through a
-    two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers; online
-    softmax with the row max and sum in registers (quad shuffles); out and lse at the end.
+Kernels (``_attention_fwd_sm90``, ``_attention_fwd``, ``_attention_bwd``; their docstrings have the details):
+  - forward on Hopper, 16-bit, D = 64 or 128 (``_attention_fwd_sm90.supports``): FlashAttention-3's
+    design, a TMA producer warp and two WGMMA consumer warpgroups with P kept in registers.
+  - forward otherwise: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream
+    through a two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers;
+    online softmax with the row max and sum in registers (quad shuffles); out and lse at the end.
   - backward: delta = rowsum(dO * out); dK, dV per key tile (the group's query heads summed by a
     loop, no atomics); dQ per query tile. Deterministic: no atomics anywhere.
 The cache is ``(q, k, v, out, lse)`` as the triton backend's, with q, k, v the tensors the kernels
