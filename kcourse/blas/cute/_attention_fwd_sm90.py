@@ -60,8 +60,10 @@ unit-stride head dim, batch, head and sequence strides multiples of 8 elements (
 and 16-byte aligned base addresses. Compile key: (dtype, D, causal, pingpong); sizes, strides and the
 scale are runtime arguments.
 """
-from __future__ import annotations
 
+# No ``from __future__ import annotations`` here: ``cute.struct`` reads its fields from the class's
+# annotations and needs the objects, not strings (the CPU suite failed that way when the DSL ran a
+# host function it had already transformed once).
 import math
 
 import torch
@@ -114,11 +116,13 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
 
 
 def config(D: int, causal: bool) -> dict:
-    """The kernel's variant for a head dim and mask: keys per tile, persistent grid, ping-pong. Measured
-    on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k; benchmarks/results/2026-11-22-cute-attention/variants-h200.log):
-    128 keys beat 176 (FlashAttention-3's non-causal tile) everywhere; the persistent grid is 1-7%
-    faster without the mask and 1-5% slower with it (its static order cannot start the longest
-    causal tiles first); ping-pong gains up to 1.5% at D = 128 without the mask and costs 1-3% elsewhere."""
+    """The kernel's variant for a head dim and mask: keys per tile, persistent grid, ping-pong.
+
+    Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
+    benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
+    non-causal tile) by 1-5%, best against best; the persistent grid is 1-7% faster without the mask and
+    1-5% slower with it (its static order cannot start the longest causal tiles first); ping-pong is
+    -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere."""
     return {"tile_n": 128, "persistent": not causal, "pingpong": D == 128 and not causal}
 
 
@@ -267,6 +271,11 @@ class _AttentionFwdSm90:
                     q_smem, k_smem, v_smem, H // Hkv, tiles, scale_log2).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
+    def pipeline_states(self, user: pipeline.PipelineUserType):
+        """Fresh (Q, K, V) pipeline states of a producer or a consumer: stage 0, phase 0."""
+        return (pipeline.make_pipeline_state(user, 1), pipeline.make_pipeline_state(user, self.stages),
+                pipeline.make_pipeline_state(user, self.stages))
+
     @cute.jit
     def work_tile(self, tile: Int32, Tq: Int32, Tk: Int32, H: Int32):
         """(m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile``: its key tiles are [0,
@@ -326,9 +335,7 @@ class _AttentionFwdSm90:
         if wg_idx == self.consumer_wgs:  # ---------------------------------------------- producer
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                q_state, k_state, v_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
                 tile = bx
                 while tile < tiles:
                     m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
@@ -391,15 +398,14 @@ class _AttentionFwdSm90:
             if wg_idx == 1:  # warpgroup 0 issues first
                 cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier, number_of_threads=2 * self.threads_per_wg)
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        k_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        v_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_state, k_read, v_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         tile = first
         while tile < tiles:
             _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
-            q_state, k_read, v_read = self.consume_tile(wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO,
-                              row_max, row_sum, alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read,
-                              mO, mLSE, tidx, wg_idx, h, b, row0, n_blocks, n_masked, Tq, Tk, scale_log2)
+            q_state, k_read, v_read = self.consume_tile(
+                wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO, row_max, row_sum, alpha,
+                q_pipe, k_pipe, v_pipe, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0, n_blocks,
+                n_masked, Tq, Tk, scale_log2)
             tile += step
 
     @cute.jit
