@@ -423,18 +423,19 @@ def _mask_scores(S, cS, row0, col0, Tk, causal: cutlass.Constexpr):
 
 
 @cute.jit
-def _online_softmax(S, O, row_max, row_sum):
-    """One key tile of the online softmax, on rows x cols views: S (log2 units) becomes P =
-    exp2(S - m'), O and the (per-thread partial) row sums are rescaled by exp2(m - m')."""
+def softmax_tile(S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, scale):
+    """One key tile of the online softmax on a (rows, cols) view of scores, c = ``scale`` (log2 units
+    per score unit; 1 when S is already in log2 units): S becomes p = exp2(c S - c m') with m' the new
+    row max, l = alpha l + rowsum p, alpha = exp2(c (m - m')) (0 on a row's first tile). Needs c > 0.
+    A row that has seen no key yet keeps p = 0 and no NaN. The caller rescales O by alpha."""
     for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
         s_row = S[r, None].load()
         m_new = cute.arch.fmax(row_max[r], quad_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)))
-        m_use = 0.0 if m_new == -Float32.inf else m_new  # a row that has seen no key yet: P = 0, no NaN
-        alpha = cute.math.exp2(row_max[r] - m_use, fastmath=True)  # 0 on the first tile (m = -inf)
-        p_row = cute.math.exp2(s_row - m_use, fastmath=True)
+        m_use = 0.0 if m_new == -Float32.inf else m_new
+        alpha[r] = cute.math.exp2((row_max[r] - m_use) * scale, fastmath=True)
+        p_row = cute.math.exp2(s_row * scale - m_use * scale, fastmath=True)
         S[r, None].store(p_row)
-        row_sum[r] = row_sum[r] * alpha + p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        O[r, None].store(O[r, None].load() * alpha)
+        row_sum[r] = row_sum[r] * alpha[r] + p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         row_max[r] = m_new
 
 
@@ -483,6 +484,7 @@ def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
         cS = coords(t, tidx, ROWS, COLS)
         row_max = cute.make_rmem_tensor((cute.size(O, mode=[0]),), Float32)
         row_sum = cute.make_rmem_tensor((cute.size(O, mode=[0]),), Float32)
+        alpha = cute.make_rmem_tensor((cute.size(O, mode=[0]),), Float32)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
 
@@ -511,7 +513,9 @@ def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
             S.store(S.load() * scale_log2)
             if n >= n_full:
                 _mask_scores(S, cS, row0, n * COLS, Tk, causal)
-            _online_softmax(S, O, row_max, row_sum)
+            softmax_tile(S, row_max, row_sum, alpha, 1.0)  # S is in log2 units already
+            for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
+                O[r, None].store(O[r, None].load() * alpha[r])
             t.gemm_rs(acc_o, acc_s, op_vt, stage)
             cute.arch.sync_threads()  # every warp is done with this stage before it is refilled
 

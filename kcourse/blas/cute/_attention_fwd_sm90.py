@@ -78,7 +78,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import _compile
-from ._attention_fwd import _mask_scores, mn_view, quad_max, quad_sum, row_tensor
+from ._attention_fwd import _mask_scores, mn_view, quad_sum, row_tensor, softmax_tile
 from ._reduce import sm_count
 
 LN2 = math.log(2.0)
@@ -167,22 +167,6 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Te
         cute.gemm(atom, acc, a[None, None, kb], b[None, None, kb], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
-
-
-@cute.jit
-def softmax_tile(S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
-                 scale_log2: Float32):
-    """One key tile of the online softmax on a (rows, cols) view of raw scores: S becomes p = exp2(c S -
-    c m') with m' the new row max, l = alpha l + rowsum p, alpha = exp2(c (m - m')) (0 on the first tile)."""
-    for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-        s_row = S[r, None].load()
-        m_new = cute.arch.fmax(row_max[r], quad_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)))
-        m_use = 0.0 if m_new == -Float32.inf else m_new  # a row with no key yet: p = 0, no NaN
-        alpha[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
-        p_row = cute.math.exp2(s_row * scale_log2 - m_use * scale_log2, fastmath=True)
-        S[r, None].store(p_row)
-        row_sum[r] = row_sum[r] * alpha[r] + p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        row_max[r] = m_new
 
 
 # ------------------------------------------------------------------------------------------------
