@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
+from ._attention_bwd_sm90 import attention_bwd_sm90, supports as sm90_bwd_supports
 from ._attention_fwd import LOG2E, _fwd_factory
 from ._attention_fwd_sm90 import attention_fwd_sm90, supports as sm90_supports
 from ._compile import launch, pointer, stream
@@ -150,6 +151,14 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     _check_lengths(Tq, Tk, B * H * Tq)
     dout, out = dout.contiguous(), out.contiguous()
     (q, k, v, dout), vec = _readable(q, k, v, dout)
+    # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA, dQ summed by float32 bulk reductions (their order
+    # varies: the last bits of dq may differ run to run). Deterministic mode takes the mma.sync kernels.
+    if sm90_bwd_supports(q, k, v, dout, scale) and not torch.are_deterministic_algorithms_enabled():
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if needs[0] else None
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
+        return dq, dk if needs[1] else None, dv if needs[2] else None
     vec = min(vec, _vec([out]))
     align = vec * q.element_size()
     mode = _math_mode(q.dtype)

@@ -1,0 +1,590 @@
+"""The cute attention backward on Hopper (sm_90a): TMA, WGMMA, warp specialization, dQ by bulk reduction.
+
+Math (per batch b, query head h, its kv head g = h // (H / Hkv), c = scale > 0; docs/attention.md),
+with P recomputed from the forward's lse and dO = dout:
+
+    delta_i = sum_d dO_id out_id
+    P = exp(c q k^T - lse)    dP = dO v^T    dS = P * (dP - delta)
+    dV = P^T dO    dK = c dS^T q    dQ = c dS k
+
+FLOPs 10 B H Tq Tk D (five products of 2 Tq Tk D; about half with the causal mask), against the 14 of
+the mma.sync backward (``_attention_bwd``), which recomputes S and dP in a second kernel for dQ.
+Here dQ is accumulated across key tiles in float32 device memory instead: the price is
+nondeterminism in dQ's last bits (the order of the additions varies from run to run).
+
+Three kernels:
+
+- ``_Preprocess``: one CTA per 64 query rows of a (head, batch): delta = rowsum(dO out), and lse
+  times log2 e, both into (B, H, Tq rounded up to 64) float32 buffers padded with delta 0 and
+  lse +inf (a query row past Tq then has P = 0 exactly), and zeroes the CTA's tile of dQaccum.
+- ``_AttentionBwdSm90``: one CTA per (128 keys, kv head, batch); K and V stay in shared memory and
+  the query tiles of 64 rows stream through, for each query head of the group in turn (the
+  group's sum is this loop: dK and dV never leave the registers until the end).
+- ``_Postprocess``: dq = c dQaccum, rounded to the dtype, one CTA per 64 query rows.
+
+Warp roles of the main kernel (384 threads = 3 warpgroups)
+---------------------------------------------------------
+  - warpgroups 0 and 1, the *consumers*: warpgroup w owns keys [64 w, 64 w + 64) of the tile. Per
+    query tile, with the scores transposed (keys x queries, FlashAttention-3's "swapAB" for D = 128)
+    so that P^T and dS^T come out of the accumulators as the A operands of dV and dK:
+
+        S^T = K Q^T, dP^T = V dO^T              (WGMMA, operands in smem, issued together)
+        P^T = exp2(c log2e S^T - lse log2e)     (causal: 0 where query < key)
+        dS^T = P^T (dP^T - delta)               -> bf16 registers, and dS^T into smem for dQ
+        dV += P^T dO,  dK += dS^T Q             (WGMMA "RS": A from registers, B = dO, Q in smem)
+        dQ[:, D/2 w ..] = dS K[:, D/2 w ..]     (both warpgroups' dS: a named barrier first)
+
+    Each dQ tile (64 x D/2 float32 a warpgroup) goes to a shared-memory buffer in the order the
+    accumulator registers hold it (16-byte stores, no bank conflicts), for the dQ warp.
+  - warpgroup 2: warp 0, the *producer*, issues the TMA loads (K and V once; Q with lse and dO with
+    delta into two 2-stage rings, each stage guarded by a full / empty mbarrier pair); warp 1, the
+    *dQ writer*, adds each buffer to dQaccum in device memory with one
+    ``cp.reduce.async.bulk .add.f32`` (the copy engine does the float32 additions in L2) and frees
+    the buffer once the engine has read it. Both keep 24 registers; the consumers get 240.
+
+dQaccum is (B, H, Tq tiles, 2, 64 D / 2) float32: each tile in the consumers' register order, which
+``_Postprocess`` undoes with the same thread-to-element map (the same tiled MMA).
+
+Shared memory (D = 128, bfloat16): K, V 32 KiB each; Q, dO 2 stages x 16 KiB each; dS 2 stages x
+16 KiB; dQ buffers 32 KiB; lse, delta 1 KiB: 193 KiB. Q, dO and K are each read by two products
+with opposite majorness (Q is B of S^T = K Q^T, K-major, and B of dK = dS^T Q, MN-major): one
+128-byte-swizzled layout serves both, its D halves as the outer mode, so that its transpose is a
+canonical MN-major WGMMA layout too.
+
+What it takes: as ``_attention_fwd_sm90.supports`` (float16 / bfloat16, D in {64, 128}, scale > 0,
+sm_90a, strides TMA can describe), and dout the same. Compile key: (dtype, D, causal) for the main
+kernel, (dtype, D) for the other two; sizes, strides and the scale are runtime arguments.
+"""
+
+# No ``from __future__ import annotations``: ``cute.struct`` needs the annotation objects (see
+# ``_attention_fwd_sm90``).
+import math
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.tensor_utils import LayoutEnum
+
+from . import _compile
+from ._attention_fwd import mn_view
+from ._attention_fwd_sm90 import acc_as_operand_a, tma_strides, wgmma
+
+LOG2E = math.log2(math.e)
+VEC = 8  # 16 bytes of a 16-bit type
+TILE_M = 64  # query rows per tile (the ring's stage, the pre- and postprocess CTAs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------
+def supports(q, k, v, dout, scale: float) -> bool:
+    """True when this backward takes these (B, H, T, D) operands: see the module docstring."""
+    from ._attention_fwd_sm90 import supports as fwd_supports
+    return fwd_supports(q, k, v, scale) and dout.dtype == q.dtype and tma_strides(dout) is not None
+
+
+def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
+    takes them; out and dout (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
+    contiguous, 16-byte aligned (dq may be None: dQ is then not written out)."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    m_tiles = -(-Tq // TILE_M)
+    dev = _compile.stream_of(q)
+    pointer = _compile.pointer
+    lse2 = torch.empty((B, H, m_tiles * TILE_M), dtype=torch.float32, device=q.device)
+    delta = torch.empty_like(lse2)
+    dq_accum = torch.empty(B * H * m_tiles * TILE_M * D, dtype=torch.float32, device=q.device)
+    _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), pointer(dout, 16), pointer(lse, 4),
+                    pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, dev)
+    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal),
+                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
+                    pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
+                    B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *tma_strides(dout),
+                    *dk.stride()[:3], *dv.stride()[:3], scale * LOG2E, scale, dev)
+    if dq is not None:
+        _compile.launch(_Postprocess, (q.dtype, D), pointer(dq_accum, 16), pointer(dq, 16), B, H, Tq,
+                        scale, dev)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers shared by the kernels
+# ------------------------------------------------------------------------------------------------
+@dsl_user_op
+def bulk_load(gmem: cute.Pointer, smem: cute.Pointer, mbar: cute.Pointer, size: int, *, loc=None, ip=None):
+    """``size`` bytes from global to shared memory with the copy engine (one thread issues it); the
+    mbarrier counts the bytes as they land."""
+    llvm.inline_asm(
+        None, [gmem.toint(loc=loc, ip=ip).ir_value(), smem.toint(loc=loc, ip=ip).ir_value(),
+               mbar.toint(loc=loc, ip=ip).ir_value(), Int32(size).ir_value()],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];",
+        "l,r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def bulk_reduce_add(smem: cute.Pointer, gmem: cute.Pointer, size: int, *, loc=None, ip=None):
+    """global[0:size) += shared[0:size) as float32, by the copy engine (one thread issues it; the
+    additions happen in L2, atomically per element); completes as a bulk group."""
+    llvm.inline_asm(
+        None, [gmem.toint(loc=loc, ip=ip).ir_value(), smem.toint(loc=loc, ip=ip).ir_value(),
+               Int32(size).ir_value()],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def dq_mma(dtype, D: int) -> cute.TiledMma:
+    """dQ = dS K: two warpgroups side by side along D (64 x D/2 each), A = dS (queries-major in smem),
+    B = K^T (D-major in smem). The postprocess kernel reuses it for the thread-to-element map."""
+    major = warpgroup.OperandMajorMode
+    return sm90_utils.make_trivial_tiled_mma(dtype, dtype, major.MN, major.MN, Float32, (1, 2, 1),
+                                             tiler_mn=(64, D // 2))
+
+
+def register_order(t: cute.Tensor, tidx, D: int) -> cute.Tensor:
+    """A warpgroup's dQ tile (64 x D/2 float32, the flat tensor ``t``) in register order: thread t's
+    16-byte vector j at element 4 (128 j + t), as the (4, D/16) of thread ``tidx % 128``. (A slice of
+    a layout with static strides: the compiler sees the 16-byte alignment and vectorizes.)"""
+    threads = cute.make_tensor(t.iterator, cute.make_layout(((4, 128), D // 16), stride=((1, 4), 512)))
+    return threads[(None, tidx % 128), None]
+
+
+def accum_tensor(ptr: cute.Pointer, D: int, m_tiles: Int32, H: Int32, B: Int32) -> cute.Tensor:
+    """dQaccum as (64 D / 2, warpgroup, Tq tiles, H, B) float32: a warpgroup's chunk is contiguous."""
+    tile = TILE_M * D
+    s_m = cute.assume(Int64(m_tiles) * tile, divby=tile)
+    return cute.make_tensor(ptr, cute.make_layout((tile // 2, 2, m_tiles, H, B),
+                                                  stride=(1, tile // 2, tile, s_m, s_m * H)))
+
+
+def heads_contiguous(ptr: cute.Pointer, T: Int32, D: int, H: Int32, B: Int32) -> cute.Tensor:
+    """A contiguous (B, H, T, D) tensor as (T, D, H, B), its strides known multiples of D."""
+    s_h = cute.assume(Int64(T) * D, divby=D)
+    return cute.make_tensor(ptr, cute.make_layout((T, D, H, B), stride=(D, 1, s_h, s_h * H)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Preprocess: delta, lse log2 e, dQaccum = 0
+# ------------------------------------------------------------------------------------------------
+class _Preprocess:
+    """delta = rowsum(dO out) and lse log2 e into padded buffers; dQaccum's tile zeroed. One CTA of
+    256 threads per (64 query rows, head, batch): 4 threads a row, each D/4 elements in 16-byte vectors
+    (vector j of the row is thread j % 4's), two butterfly shuffles."""
+
+    threads = 256
+
+    def __init__(self, dtype: torch.dtype, D: int):
+        self.dtype, self.D = _compile.DTYPES[dtype], D
+
+    @cute.jit
+    def __call__(self, po: cute.Pointer, pdo: cute.Pointer, plse: cute.Pointer, plse2: cute.Pointer,
+                 pdelta: cute.Pointer, pacc: cute.Pointer, B: Int32, H: Int32, Tq: Int32, stream: cuda.CUstream):
+        D = self.D
+        m_tiles = cute.ceil_div(Tq, TILE_M)
+        Tp = m_tiles * TILE_M
+        mO, mdO = heads_contiguous(po, Tq, D, H, B), heads_contiguous(pdo, Tq, D, H, B)
+        mLSE = cute.make_tensor(plse, cute.make_layout((Tq, H, B), stride=(1, Int64(Tq), Int64(Tq) * H)))
+        padded = cute.make_layout((Tp, H, B), stride=(1, Int64(Tp), Int64(Tp) * H))
+        mLSE2, mDelta = cute.make_tensor(plse2, padded), cute.make_tensor(pdelta, padded)
+        mAcc = accum_tensor(pacc, D, m_tiles, H, B)
+        self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mAcc, Tq).launch(
+            grid=[m_tiles, H, B], block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+               mDelta: cute.Tensor, mAcc: cute.Tensor, Tq: Int32):
+        # mO, mdO (Tq, D, H, B); mLSE (Tq, H, B); mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor
+        D = self.D
+        tidx, _, _ = cute.arch.thread_idx()
+        m, h, b = cute.arch.block_idx()
+        row = m * TILE_M + tidx // 4
+        part = tidx % 4
+        parts = cute.make_layout(((VEC, 4), D // (4 * VEC)), stride=((1, VEC), 4 * VEC))  # a row by thread
+        acc = Float32(0.0)
+        if row < Tq:
+            o = cute.make_rmem_tensor((VEC, D // (4 * VEC)), self.dtype)
+            do = cute.make_rmem_tensor((VEC, D // (4 * VEC)), self.dtype)
+            cute.autovec_copy(cute.make_tensor(mO[row, None, h, b].iterator, parts)[(None, part), None], o)
+            cute.autovec_copy(cute.make_tensor(mdO[row, None, h, b].iterator, parts)[(None, part), None], do)
+            acc = (o.load().to(Float32) * do.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=2)
+        acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1)
+        if part == 0:
+            mDelta[row, h, b] = acc
+            lse2 = Float32.inf  # a padding row: P = exp2(S - inf) = 0
+            if row < Tq:
+                lse2 = mLSE[row, h, b] * LOG2E
+            mLSE2[row, h, b] = lse2
+        # dQaccum's tile (64 D floats) = 0: thread t's 16-byte vectors t, t + 256, ...
+        zeros = cute.make_rmem_tensor((4, D // 16), Float32)
+        zeros.fill(0.0)
+        by_thread = cute.make_layout(((4, self.threads), D // 16), stride=((1, 4), 4 * self.threads))
+        cute.autovec_copy(zeros, cute.make_tensor(mAcc[None, None, m, h, b].iterator, by_thread)[(None, tidx), None])
+
+
+# ------------------------------------------------------------------------------------------------
+# Postprocess: dq = c dQaccum
+# ------------------------------------------------------------------------------------------------
+class _Postprocess:
+    """dq = c dQaccum rounded to the dtype. One CTA of 256 threads per (64 query rows, head, batch);
+    thread t of warpgroup w reads its dQ registers back (16-byte loads, in the main kernel's order) and
+    stores them where the dQ product's thread-to-element map puts them (4-byte pairs)."""
+
+    threads = 256
+
+    def __init__(self, dtype: torch.dtype, D: int):
+        self.dtype, self.D = _compile.DTYPES[dtype], D
+
+    @cute.jit
+    def __call__(self, pacc: cute.Pointer, pdq: cute.Pointer, B: Int32, H: Int32, Tq: Int32, scale: Float32,
+                 stream: cuda.CUstream):
+        D = self.D
+        m_tiles = cute.ceil_div(Tq, TILE_M)
+        mAcc = accum_tensor(pacc, D, m_tiles, H, B)
+        mdQ = heads_contiguous(pdq, Tq, D, H, B)
+        self.kernel(mAcc, mdQ, dq_mma(self.dtype, D), scale).launch(
+            grid=[m_tiles, H, B], block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mma: cute.TiledMma, scale: Float32):
+        D = self.D
+        tidx, _, _ = cute.arch.thread_idx()
+        m, h, b = cute.arch.block_idx()
+        Tq = mdQ.shape[0]
+        thr = mma.get_slice(tidx)
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_M, D)), Float32)  # ((2, 2, D/16), 1, 1)
+        cute.autovec_copy(register_order(mAcc[None, tidx // 128, m, h, b], tidx, D),
+                          cute.make_tensor(acc.iterator, cute.make_layout((4, D // 16))))
+        out = cute.make_rmem_tensor_like(acc, self.dtype)
+        out.store((acc.load() * scale).to(self.dtype))
+        rows = mn_view(out)
+        coords = mn_view(thr.partition_C(cute.make_identity_tensor((TILE_M, D))))
+        gdQ = mn_view(thr.partition_C(cute.local_tile(mdQ[None, None, h, b], (TILE_M, D), (m, 0))))
+        for r in cutlass.range_constexpr(cute.size(rows, mode=[0])):
+            if m * TILE_M + coords[r, 0][0] < Tq:
+                cute.autovec_copy(rows[r, None], gdQ[r, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# The main kernel: dK, dV and the dQ partial sums
+# ------------------------------------------------------------------------------------------------
+class _AttentionBwdSm90:
+    """The compiled kernel for one key (dtype, D, causal); ``__call__`` is the host function."""
+
+    threads_per_wg = 128
+    consumer_wgs = 2
+    tile_m, tile_n = TILE_M, 128  # queries per step, keys per CTA (64 per consumer warpgroup)
+    stages = 2  # Q and dO rings, dS buffers
+    producer_warp, dq_warp = 8, 9  # warps 0 and 1 of warpgroup 2
+    producer_regs, consumer_regs = 24, 240
+    # named barriers (0 is __syncthreads): both consumers' dS are in smem; dQ buffer w full / empty
+    bar_ds, bar_dq_full, bar_dq_empty = 2, 3, 5
+
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool):
+        self.dtype = _compile.DTYPES[dtype]
+        self.D, self.causal = D, causal
+        self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
+
+    @cute.jit
+    def __call__(self, pq: cute.Pointer, pk: cute.Pointer, pv: cute.Pointer, pdo: cute.Pointer,
+                 plse2: cute.Pointer, pdelta: cute.Pointer, pacc: cute.Pointer, pdk: cute.Pointer,
+                 pdv: cute.Pointer, B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32,
+                 sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
+                 sv_b: Int64, sv_h: Int64, sv_t: Int64, sdo_b: Int64, sdo_h: Int64, sdo_t: Int64,
+                 sdk_b: Int64, sdk_h: Int64, sdk_t: Int64, sdv_b: Int64, sdv_h: Int64, sdv_t: Int64,
+                 scale_log2: Float32, scale: Float32, stream: cuda.CUstream):
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+
+        def heads(ptr, T, Hx, s_t, s_h, s_b):  # (T, D, H, B); strides promised multiples of 8 elements
+            return cute.make_tensor(ptr, cute.make_layout((T, D, Hx, B), stride=(
+                cute.assume(s_t, divby=VEC), 1, cute.assume(s_h, divby=VEC), cute.assume(s_b, divby=VEC))))
+
+        mQ, mdO = heads(pq, Tq, H, sq_t, sq_h, sq_b), heads(pdo, Tq, H, sdo_t, sdo_h, sdo_b)
+        mK, mV = heads(pk, Tk, Hkv, sk_t, sk_h, sk_b), heads(pv, Tk, Hkv, sv_t, sv_h, sv_b)
+        mdK, mdV = heads(pdk, Tk, Hkv, sdk_t, sdk_h, sdk_b), heads(pdv, Tk, Hkv, sdv_t, sdv_h, sdv_b)
+        m_tiles = cute.ceil_div(Tq, bM)
+        Tp = m_tiles * bM
+        padded = cute.make_layout((Tp, H, B), stride=(1, Int64(Tp), Int64(Tp) * H))
+        mLSE2, mDelta = cute.make_tensor(plse2, padded), cute.make_tensor(pdelta, padded)
+        mAcc = accum_tensor(pacc, D, m_tiles, H, B)
+
+        # --- the products; each warpgroup a 64-row slice (keys) of S^T, dP^T, dV, dK, or a D/2 slice of dQ
+        major = warpgroup.OperandMajorMode
+        wgs = (self.consumer_wgs, 1, 1)
+        mma_sdp = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.K, Float32, wgs,
+                                                    tiler_mn=(64, bM))  # S^T = K Q^T, dP^T = V dO^T
+        mma_dkv = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.MN, Float32, wgs,
+                                                    tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
+        mma_dq = dq_mma(self.dtype, D)
+
+        # --- shared memory: K-major tiles (D halves outermost), so the transposes are MN-major WGMMA layouts
+        row_major, col_major = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
+        q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, self.stages)  # (bM, D, S)
+        kv_smem = sm90_utils.make_smem_layout_a(row_major, (bN, bM, D), self.dtype, 1)  # (bN, D, 1)
+        ds_smem = sm90_utils.make_smem_layout_a(col_major, (bM, D, bN), self.dtype, self.stages)  # (bM, bN, S)
+
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, (None, None, 0)), (bM, D))
+        tma_do, tma_mdO = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(q_smem, (None, None, 0)), (bM, D))
+        tma_k, tma_mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(kv_smem, (None, None, 0)), (bN, D))
+        tma_v, tma_mV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(kv_smem, (None, None, 0)), (bN, D))
+
+        @cute.struct
+        class SharedStorage:
+            kv_barriers: cute.struct.MemRange[cutlass.Int64, 2]
+            q_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            do_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, bM * self.stages], 128]
+            sDelta: cute.struct.Align[cute.struct.MemRange[Float32, bM * self.stages], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(kv_smem)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(kv_smem)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bM * D], 128]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, mLSE2, mDelta, mAcc,
+                    mdK, mdV, mma_sdp, mma_dkv, mma_dq, q_smem, kv_smem, ds_smem, H // Hkv, Tq,
+                    scale_log2, scale).launch(
+            grid=[cute.ceil_div(Tk, bN), Hkv, B], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def q_range(self, n_block: Int32, Tq: Int32):
+        """(first, count) of the query tiles that see key tile ``n_block``: all of them, or causal ones
+        from the tile holding query n_block * 128 (a query sees the keys up to its own index)."""
+        m_tiles = cute.ceil_div(Tq, self.tile_m)
+        first = Int32(0)
+        if cutlass.const_expr(self.causal):
+            first = cutlass.min(n_block * self.tile_n // self.tile_m, m_tiles)
+        return first, m_tiles - first
+
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
+               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+               mLSE2: cute.Tensor, mDelta: cute.Tensor, mAcc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+               q_smem: cute.ComposedLayout, kv_smem: cute.ComposedLayout, ds_smem: cute.ComposedLayout,
+               group: Int32, Tq: Int32, scale_log2: Float32, scale: Float32):
+        # mQ, mdO (Tq, D, H, B) and mK, mV (Tk, D, Hkv, B): TMA coordinate tensors; mdK, mdV (Tk, D, Hkv,
+        # B) the outputs; mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        n_block, hk, b = cute.arch.block_idx()
+        first, count = self.q_range(n_block, Tq)
+        steps = count * group  # (query head of the group, query tile) pairs, query tile fastest
+        if warp_idx == self.producer_warp:
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        def tensors(region, layout):  # the tile and its transpose (the first two modes swapped), same bytes
+            return (region.get_tensor(layout.outer, swizzle=layout.inner),
+                    region.get_tensor(cute.select(layout.outer, mode=[1, 0, 2]), swizzle=layout.inner))
+
+        sQ, sQt = tensors(storage.sQ, q_smem)  # (bM, D, S), (D, bM, S)
+        sdO, sdOt = tensors(storage.sdO, q_smem)
+        sK, sKt = tensors(storage.sK, kv_smem)  # (bN, D, 1), (D, bN, 1)
+        sV = storage.sV.get_tensor(kv_smem.outer, swizzle=kv_smem.inner)
+        sdS, sdSt = tensors(storage.sdS, ds_smem)  # (bM, bN, S), (bN, bM, S)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((bM, self.stages)))
+        sDelta = storage.sDelta.get_tensor(cute.make_layout((bM, self.stages)))
+        sdQ = storage.sdQ.get_tensor(cute.make_layout((bM * D // 2, 2)))  # a flat buffer per warpgroup
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_wgs * 4)  # one arrive a warp
+        tile_bytes = cute.size_in_bytes(self.dtype, cute.slice_(q_smem, (None, None, 0)))
+
+        def ring(barriers, stages, tx):
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers.data_ptr(), num_stages=stages, producer_group=producer,
+                consumer_group=consumers, tx_count=tx, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+                defer_sync=True)
+
+        kv_pipe = ring(storage.kv_barriers, 1, 2 * cute.size_in_bytes(self.dtype, cute.slice_(kv_smem, (None, None, 0))))
+        q_pipe = ring(storage.q_barriers, self.stages, tile_bytes + bM * 4)  # Q and its lse
+        do_pipe = ring(storage.do_barriers, self.stages, tile_bytes + bM * 4)  # dO and its delta
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()
+
+        if wg_idx == self.consumer_wgs:  # ------------------------------------- producer, dQ writer
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == self.producer_warp:
+                self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV,
+                             sLSE, sDelta, kv_pipe, q_pipe, do_pipe, n_block, hk, b, group, first, count, steps)
+            if warp_idx == self.dq_warp:
+                for step in cutlass.range(steps, unroll=1):
+                    h = hk * group + step // count
+                    m_block = first + step % count
+                    for w in cutlass.range_constexpr(self.consumer_wgs):
+                        cute.arch.cp_async_bulk_wait_group(self.consumer_wgs - 1 - w, read=True)
+                        cute.arch.barrier_arrive(barrier_id=self.bar_dq_empty + w,
+                                                 number_of_threads=self.threads_per_wg + 32)
+                    for w in cutlass.range_constexpr(self.consumer_wgs):
+                        cute.arch.barrier(barrier_id=self.bar_dq_full + w, number_of_threads=self.threads_per_wg + 32)
+                        with cute.arch.elect_one():
+                            bulk_reduce_add(sdQ[None, w].iterator, mAcc[None, w, m_block, h, b].iterator, bM * D * 2)
+                        cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the engine has read the last buffers
+
+        if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(mma_sdp, mma_dkv, mma_dq, sQ, sQt, sdO, sdOt, sK, sKt, sV, sdS, sdSt, sLSE, sDelta, sdQ,
+                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count, steps,
+                         scale_log2, scale)
+
+    @cute.jit
+    def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE,
+                sDelta, kv_pipe, q_pipe, do_pipe, n_block, hk, b, group, first, count, steps):
+        """The producer warp: K and V once, then Q with lse and dO with delta for every step."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+
+        def tma(atom, s, g):  # (smem stages, gmem tiles) as the TMA unit sees them
+            return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                         cute.group_modes(g, 0, 2))
+
+        P = pipeline.PipelineUserType.Producer
+        kv_state = pipeline.make_pipeline_state(P, 1)
+        q_state = pipeline.make_pipeline_state(P, self.stages)
+        do_state = pipeline.make_pipeline_state(P, self.stages)
+        tKsK, tKgK = tma(tma_k, sK, cute.local_tile(mK[None, None, hk, b], (bN, D), (n_block, 0)))
+        tVsV, tVgV = tma(tma_v, sV, cute.local_tile(mV[None, None, hk, b], (bN, D), (n_block, 0)))
+        kv_pipe.producer_acquire(kv_state)
+        cute.copy(tma_k, tKgK, tKsK[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+        cute.copy(tma_v, tVgV, tVsV[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+        for step in cutlass.range(steps, unroll=1):
+            h = hk * group + step // count
+            m_block = first + step % count
+            tQsQ, tQgQ = tma(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (bM, D), (None, 0)))
+            tdOsdO, tdOgdO = tma(tma_do, sdO, cute.local_tile(mdO[None, None, h, b], (bM, D), (None, 0)))
+            q_pipe.producer_acquire(q_state)
+            bar = q_pipe.producer_get_barrier(q_state)
+            cute.copy(tma_q, tQgQ[(None, m_block)], tQsQ[(None, q_state.index)], tma_bar_ptr=bar)
+            with cute.arch.elect_one():
+                bulk_load(mLSE2[None, h, b].iterator + m_block * bM, sLSE[None, q_state.index].iterator, bar, bM * 4)
+            q_state.advance()
+            do_pipe.producer_acquire(do_state)
+            bar = do_pipe.producer_get_barrier(do_state)
+            cute.copy(tma_do, tdOgdO[(None, m_block)], tdOsdO[(None, do_state.index)], tma_bar_ptr=bar)
+            with cute.arch.elect_one():
+                bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator, bar,
+                          bM * 4)
+            do_state.advance()
+
+    @cute.jit
+    def consume(self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, sQ: cute.Tensor,
+                sQt: cute.Tensor, sdO: cute.Tensor, sdOt: cute.Tensor, sK: cute.Tensor, sKt: cute.Tensor,
+                sV: cute.Tensor, sdS: cute.Tensor, sdSt: cute.Tensor, sLSE: cute.Tensor, sDelta: cute.Tensor,
+                sdQ: cute.Tensor, kv_pipe, q_pipe, do_pipe, mdK: cute.Tensor, mdV: cute.Tensor, tidx: Int32,
+                wg_idx: Int32, n_block: Int32, hk: Int32, b: Int32, first: Int32, count: Int32, steps: Int32,
+                scale_log2: Float32, scale: Float32):
+        """A consumer warpgroup: keys [64 w, 64 w + 64) of the tile, its dK and dV, its half of each dQ."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        pair = self.consumer_wgs * self.threads_per_wg
+        wg_sdp = mma_sdp.get_slice(wg_idx * self.threads_per_wg)
+        wg_dkv = mma_dkv.get_slice(wg_idx * self.threads_per_wg)
+        wg_dq = mma_dq.get_slice(wg_idx * self.threads_per_wg)
+        thr_sdp = mma_sdp.get_slice(tidx)
+        # operands: smem descriptors (last mode: the stage), or registers for P^T and dS^T
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))  # S^T = K Q^T
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))  # dP^T = V dO^T
+        tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tdVrP = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((bN, bM)))  # dV += P^T dO
+        tdVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt))
+        tdKrdS = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((bN, bM)))  # dK += dS^T Q
+        tdKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # dQ = dS K
+        tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
+        tsdS = thr_sdp.partition_C(sdSt)  # where this thread's dS^T values go: ((2, 2, bM/8), 1, 1, S)
+        acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((bN, D)), Float32)  # ((2, 2, D/8), 1, 1)
+        acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((bN, D)), Float32)
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
+        cS = mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bN, bM))))  # (key, query) in the tile
+        rows, cols = cute.size(cS, mode=[0]), cute.size(cS, mode=[1])
+        key0 = n_block * bN
+
+        C = pipeline.PipelineUserType.Consumer
+        kv_read = pipeline.make_pipeline_state(C, 1)
+        q_read = pipeline.make_pipeline_state(C, self.stages)
+        do_read = pipeline.make_pipeline_state(C, self.stages)
+        kv_pipe.consumer_wait(kv_read)
+        for step in cutlass.range(steps, unroll=1):
+            m_block = first + step % count
+            stage = q_read.index  # Q, lse and this step's dS buffer
+            # --- S^T and dP^T, issued together; fresh accumulators (see _attention_fwd_sm90)
+            q_pipe.consumer_wait(q_read)
+            acc_s = cute.make_rmem_tensor(wg_sdp.partition_shape_C((bN, bM)), Float32)  # ((2, 2, bM/8), 1, 1)
+            wgmma(mma_sdp, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], zero_init=True)
+            do_pipe.consumer_wait(do_read)
+            acc_dp = cute.make_rmem_tensor(wg_sdp.partition_shape_C((bN, bM)), Float32)
+            wgmma(mma_sdp, acc_dp, tdPrV[None, None, None, 0], tdPrdO[None, None, None, do_read.index],
+                  zero_init=True)
+            # --- P^T = exp2(c log2e S^T - lse log2e), 0 where the mask hides the key (query < key)
+            warpgroup.wait_group(1)
+            S = mn_view(acc_s)
+            if cutlass.const_expr(self.causal):
+                if m_block * bM < key0 + bN - 1:  # the tile crosses the diagonal
+                    for r in cutlass.range_constexpr(rows):
+                        for c in cutlass.range_constexpr(cols):
+                            if m_block * bM + cS[r, c][1] < key0 + cS[r, c][0]:
+                                S[r, c] = -Float32.inf
+            for c in cutlass.range_constexpr(cols):
+                lse2 = sLSE[cS[0, c][1], stage]
+                for r in cutlass.range_constexpr(rows):
+                    S[r, c] = cute.math.exp2(S[r, c] * scale_log2 - lse2, fastmath=True)
+            tdVrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+            # --- dS^T = P^T (dP^T - delta): to registers (dK) and to smem (dQ)
+            warpgroup.wait_group(0)
+            dP = mn_view(acc_dp)
+            for c in cutlass.range_constexpr(cols):
+                delta = sDelta[cS[0, c][1], do_read.index]
+                for r in cutlass.range_constexpr(rows):
+                    dP[r, c] = S[r, c] * (dP[r, c] - delta)
+            rdS = cute.make_rmem_tensor_like(acc_dp, self.dtype)
+            rdS.store(acc_dp.load().to(self.dtype))
+            cute.autovec_copy(rdS, tsdS[None, None, None, stage])
+            tdKrdS.store(acc_as_operand_a(rdS).load())
+            # --- dV += P^T dO; then, with both warpgroups' dS in smem, dQ = dS K and dK += dS^T Q
+            wgmma(mma_dkv, acc_dv, tdVrP, tdVrdO[None, None, None, do_read.index], zero_init=False)
+            cute.arch.fence_view_async_shared()  # the dS stores, visible to the WGMMA (async) proxy
+            cute.arch.barrier(barrier_id=self.bar_ds, number_of_threads=pair)
+            acc_dq = cute.make_rmem_tensor(wg_dq.partition_shape_C((bM, D)), Float32)  # ((2, 2, D/16), 1, 1)
+            wgmma(mma_dq, acc_dq, tdQrdS[None, None, None, stage], tdQrK[None, None, None, 0], zero_init=True)
+            wgmma(mma_dkv, acc_dk, tdKrdS, tdKrQ[None, None, None, stage], zero_init=False)
+            warpgroup.wait_group(1)  # dV and dQ are done (dK may still run)
+            do_pipe.consumer_release(do_read)
+            do_read.advance()
+            # --- dQ to this warpgroup's buffer once the dQ warp has sent the last one
+            cute.arch.barrier(barrier_id=self.bar_dq_empty + wg_idx, number_of_threads=self.threads_per_wg + 32)
+            cute.autovec_copy(cute.make_tensor(acc_dq.iterator, cute.make_layout((4, D // 16))),
+                              register_order(sdQ[None, wg_idx], tidx, D))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=self.bar_dq_full + wg_idx, number_of_threads=self.threads_per_wg + 32)
+            warpgroup.wait_group(0)
+            q_pipe.consumer_release(q_read)
+            q_read.advance()
+
+        # --- dK = c dS^T Q summed, dV: rounded and stored from registers, key rows past Tk skipped
+        Tk = mdK.shape[0]
+        acc_dk.store(acc_dk.load() * scale)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        cD = mn_view(thr_dkv.partition_C(cute.make_identity_tensor((bN, D))))
+        for acc, mOut in ((acc_dv, mdV), (acc_dk, mdK)):
+            rOut = cute.make_rmem_tensor_like(acc, self.dtype)
+            rOut.store(acc.load().to(self.dtype))
+            rows_out = mn_view(rOut)
+            gOut = mn_view(thr_dkv.partition_C(cute.local_tile(mOut[None, None, hk, b], (bN, D), (n_block, 0))))
+            for r in cutlass.range_constexpr(cute.size(rows_out, mode=[0])):
+                if key0 + cD[r, 0][0] < Tk:
+                    cute.autovec_copy(rows_out[r, None], gOut[r, None])
