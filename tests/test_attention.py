@@ -212,3 +212,23 @@ def test_attention_large(backend, dtype, shape, causal):
     dout = randn(B, H, Tq, D, dtype=dtype)
     result = forward_backward(kcourse_attention(backend, causal=causal), q, k, v, dout)
     assert_matches(result, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_deterministic_mode(backend, causal):
+    """Under ``torch.use_deterministic_algorithms(True)`` two backward passes agree bit for bit (the
+    cute backend's Hopper backward sums dQ with float32 atomics, whose order varies: in this mode it
+    takes its deterministic kernels), and they still match the reference."""
+    shape = (1, 4, 2, 700, 900, 128)  # several key tiles add into each dQ row
+    q, k, v = qkv(*shape, torch.bfloat16)
+    dout = randn(1, 4, 700, 128, dtype=torch.bfloat16)
+    attend = kcourse_attention(backend, causal=causal)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = (forward_backward(attend, q, k, v, dout) for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+    assert_matches(first, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))

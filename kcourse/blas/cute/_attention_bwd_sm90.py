@@ -354,7 +354,16 @@ class _AttentionBwdSm90:
         self.kernel(tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, mLSE2, mDelta, mAcc,
                     mdK, mdV, mma_sdp, mma_dkv, mma_dq, q_smem, kv_smem, ds_smem, H // Hkv, Tq,
                     scale_log2, scale).launch(
-            grid=[cute.ceil_div(Tk, bN), Hkv, B], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+            grid=[cute.ceil_div(Tk, bN) * Hkv * B, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1,
+            stream=stream)
+
+    @staticmethod
+    def work_tile(tile: Int32, n_blocks: Int32, Hkv: Int32):
+        """(key tile, kv head, batch) of CTA ``tile``, key tile fastest: the CTAs at work together
+        stream the same head's Q and dO, which L2 then serves once. (Key tile slowest, so that under the
+        causal mask the longest CTAs start first, measured 0.55-0.96x as fast on an H100: the L2 misses
+        cost more than the shorter tail.)"""
+        return tile % n_blocks, tile // n_blocks % Hkv, tile // n_blocks // Hkv
 
     @cute.jit
     def q_range(self, n_block: Int32, Tq: Int32):
@@ -379,7 +388,8 @@ class _AttentionBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        n_block, hk, b = cute.arch.block_idx()
+        bx, _, _ = cute.arch.block_idx()
+        n_block, hk, b = self.work_tile(bx, cute.ceil_div(mK.shape[0], bN), mK.shape[2])
         first, count = self.q_range(n_block, Tq)
         steps = count * group  # (query head of the group, query tile) pairs, query tile fastest
         if warp_idx == self.producer_warp:
