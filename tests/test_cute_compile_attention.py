@@ -27,6 +27,7 @@ from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E
 from _cute import compiled_kernels  # noqa: E402
 
 FACTORIES = ("_fwd_factory", "_delta_factory", "_dkdv_factory", "_dq_factory")
+HOPPER = ("_AttentionFwdSm90", "_Preprocess", "_AttentionBwdSm90", "_Postprocess")
 
 
 def heads(B, H, T, D, dtype, layout="contiguous"):
@@ -70,23 +71,25 @@ CASES = [
 ]
 
 
-def no_hopper_forward(monkeypatch):
-    """Send every forward to the mma.sync kernel (what a GPU before Hopper runs)."""
+def no_hopper_kernels(monkeypatch):
+    """Send every forward and backward to the mma.sync kernels (what a GPU before Hopper runs, and the
+    backward under torch.use_deterministic_algorithms)."""
     monkeypatch.setattr(cute_attention, "sm90_supports", lambda *args: False)
+    monkeypatch.setattr(cute_attention, "sm90_bwd_supports", lambda *args: False)
 
 
-@pytest.mark.parametrize("hopper", [True, False], ids=["sm90-forward", "mma.sync-forward"])
+@pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "mma.sync"])
 @pytest.mark.parametrize("dtype, D, causal, shape, layout", CASES, ids=str)
 def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape, layout):
     if not hopper:
-        no_hopper_forward(monkeypatch)
+        no_hopper_kernels(monkeypatch)
     seen = compiled_kernels(monkeypatch)
     cache = run(*shape, D, dtype, causal, layout)
-    # the Hopper forward takes 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
+    # the Hopper kernels take 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
-        assert [name for name, _ in seen] == ["_AttentionFwdSm90"] + list(FACTORIES[1:]), seen
+        assert [name for name, _ in seen] == list(HOPPER), seen
         assert seen[0][1] == (dtype, D, causal, 128, not causal, D == 128 and not causal), seen[0]
-        seen[:1] = [("_fwd_factory", None)]
+        assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal), (dtype, D)], seen
         if layout == "bthd":
             assert not cache[0].is_contiguous()
         return
@@ -119,9 +122,9 @@ def test_tf32_mode_and_partial_gradients(monkeypatch):
 def test_a_compiled_kernel_is_reused(monkeypatch):
     run(1, 2, 2, 20, 20, 64, torch.float16, True)
     before = dict(_compile.COMPILE_SECONDS)
-    run(3, 6, 2, 300, 77, 64, torch.float16, True)  # other sizes of the same keys (Hopper forward)
+    run(3, 6, 2, 300, 77, 64, torch.float16, True)  # other sizes of the same keys (Hopper kernels)
     assert _compile.COMPILE_SECONDS == before
-    no_hopper_forward(monkeypatch)
+    no_hopper_kernels(monkeypatch)
     run(1, 2, 2, 20, 20, 64, torch.float16, True)
     before = dict(_compile.COMPILE_SECONDS)
     run(3, 6, 2, 300, 77, 56, torch.float16, True)  # other sizes (and D) of the same mma.sync keys
@@ -252,3 +255,20 @@ def test_tf32_operand_a_registers(tmp_path, math_mode, mmas):
         assert all(len(s) == 1 for s in a), a
         (base, _), = a[0]
         assert [next(iter(s)) for s in a] == [(base, 0), (base, 256), (base, 4), (base, 260)], a
+
+
+def test_hopper_backward_partial_gradients_and_strides(monkeypatch):
+    """The Hopper backward computes dK and dV always and dQ's last kernel only when dq is wanted; a
+    dout whose strides TMA cannot describe cannot reach it (autograd's dout is made contiguous first),
+    and deterministic mode sends the backward to the mma.sync kernels."""
+    seen = compiled_kernels(monkeypatch)
+    run(1, 2, 1, 40, 33, 64, torch.bfloat16, False, needs=(False, True, False))
+    assert [name for name, _ in seen] == ["_AttentionFwdSm90", "_Preprocess", "_AttentionBwdSm90"], seen
+    q = torch.zeros(1, 2, 40, 64, dtype=torch.bfloat16)
+    assert cute_attention.sm90_bwd_supports(q, q, q, q, 0.125)
+    assert not cute_attention.sm90_bwd_supports(q, q, q, q.transpose(2, 3).contiguous().transpose(2, 3), 0.125)
+    assert not cute_attention.sm90_bwd_supports(q, q, q, q.half(), 0.125)
+    seen.clear()
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    run(1, 2, 1, 40, 33, 64, torch.bfloat16, True)
+    assert [name for name, _ in seen][1:] == list(FACTORIES[1:]), seen

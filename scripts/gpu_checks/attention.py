@@ -128,8 +128,12 @@ def check(B, H, Hkv, Tq, Tk, D, dtype, causal, layout, tf32=False):
         inputs = [t.detach().requires_grad_() for t in (q, k, v)]
         out_api = kcourse.blas.attention(*inputs, causal=causal, backend="cute")
         grads_api = torch.autograd.grad(out_api, inputs, dout)
-        same = torch.equal(out_api, out) and all(torch.equal(a, b) for a, b in zip(grads_api, grads))
-        checks.append((same, "api " + ("same" if same else "DIFFERS")))
+        # dq may differ in its last bits: the Hopper backward sums it with float32 atomics, in an order
+        # that varies from run to run; bit for bit for everything else, dq within one ulp of max |dq|
+        same = torch.equal(out_api, out) and all(torch.equal(a, b) for a, b in zip(grads_api[1:], grads[1:]))
+        dq_drift = (grads_api[0].float() - grads[0].float()).abs().max().item()
+        same = same and dq_drift <= torch.finfo(dtype).eps * grads[0].float().abs().max().item()
+        checks.append((same, "api " + ("same" if same else "DIFFERS") + (f" (dq {dq_drift:.0e})" if dq_drift else "")))
         ok = all(c[0] for c in checks)
         results["PASS" if ok else "FAIL"] += 1
         print(f"{'PASS' if ok else 'FAIL'} {label} " + "  ".join(c[1] for c in checks))

@@ -143,7 +143,7 @@ def bulk_reduce_add(smem: cute.Pointer, gmem: cute.Pointer, size: int, *, loc=No
 def dq_mma(dtype, D: int) -> cute.TiledMma:
     """dQ = dS K: two warpgroups side by side along D (64 x D/2 each), A = dS (queries-major in smem),
     B = K^T (D-major in smem). The postprocess kernel reuses it for the thread-to-element map."""
-    major = warpgroup.OperandMajorMode
+    major = cute.nvgpu.OperandMajorMode
     return sm90_utils.make_trivial_tiled_mma(dtype, dtype, major.MN, major.MN, Float32, (1, 2, 1),
                                              tiler_mn=(64, D // 2))
 
@@ -316,7 +316,7 @@ class _AttentionBwdSm90:
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)
 
         # --- the products; each warpgroup a 64-row slice (keys) of S^T, dP^T, dV, dK, or a D/2 slice of dQ
-        major = warpgroup.OperandMajorMode
+        major = cute.nvgpu.OperandMajorMode
         wgs = (self.consumer_wgs, 1, 1)
         mma_sdp = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.K, Float32, wgs,
                                                     tiler_mn=(64, bM))  # S^T = K Q^T, dP^T = V dO^T

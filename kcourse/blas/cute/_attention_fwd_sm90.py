@@ -214,7 +214,7 @@ class _AttentionFwdSm90:
         mLSE = row_tensor(plse, Tq, H, B)
 
         # --- the two products, each warpgroup a 64-row slice: S (64 x bN) and O (64 x D), float32
-        major = warpgroup.OperandMajorMode
+        major = cute.nvgpu.OperandMajorMode
         mma_qk = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.K, Float32,
                                                    (self.consumer_wgs, 1, 1), tiler_mn=(64, bN))
         mma_pv = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.MN, Float32,

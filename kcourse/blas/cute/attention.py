@@ -9,18 +9,24 @@ Backward, with dO = dout and delta_i = sum_d dO_id out_id:
 
     dV = P^T dO     dP = dO v^T     dS = P * (dP - delta)     dQ = c dS k     dK = c dS^T q
 
-FLOPs 4 B H Tq Tk D forward, 14 B H Tq Tk D backward (S and dP are recomputed in both backward
-kernels; about half of each with the causal mask). S and P never reach device memory: the extra
-memory is lse (B, H, Tq) float32, saved for the backward, and delta of the same size.
+FLOPs 4 B H Tq Tk D forward; backward 10 B H Tq Tk D on Hopper, 14 with the mma.sync kernels (they
+recompute S and dP in a second kernel for dQ); about half of each with the causal mask. S and P never
+reach device memory: the extra memory is lse (B, H, Tq) float32, saved for the backward, and delta of
+the same size (on Hopper also a float32 dQ accumulator, twice dq's size, during the backward).
 
-Kernels (``_attention_fwd_sm90``, ``_attention_fwd``, ``_attention_bwd``; their docstrings have the details):
+Kernels (``_attention_fwd_sm90``, ``_attention_bwd_sm90``, ``_attention_fwd``, ``_attention_bwd``;
+their docstrings have the details):
   - forward on Hopper, 16-bit, D = 64 or 128 (``_attention_fwd_sm90.supports``): FlashAttention-3's
     design, a TMA producer warp and two WGMMA consumer warpgroups with P kept in registers.
+  - backward on Hopper, the same cases (``_attention_bwd_sm90.supports``): one CTA per 128 keys, dK
+    and dV in registers, dQ summed across key tiles in float32 by bulk reductions (the copy engine's
+    atomic adds in L2), so dq's last bits vary from run to run. Under
+    ``torch.use_deterministic_algorithms(True)`` the backward takes the mma.sync kernels instead.
   - forward otherwise: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream
     through a two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers;
     online softmax with the row max and sum in registers (quad shuffles); out and lse at the end.
-  - backward: delta = rowsum(dO * out); dK, dV per key tile (the group's query heads summed by a
-    loop, no atomics); dQ per query tile. Deterministic: no atomics anywhere.
+  - backward otherwise: delta = rowsum(dO * out); dK, dV per key tile (the group's query heads summed
+    by a loop, no atomics); dQ per query tile. Deterministic: no atomics anywhere.
 The cache is ``(q, k, v, out, lse)`` as the triton backend's, with q, k, v the tensors the kernels
 read (see strides below).
 
@@ -43,8 +49,9 @@ one extra read and write of it); the copy is what the cache holds. dout and out 
 contiguous (autograd hands the backward a contiguous dout); out, dq, dk and dv are new contiguous
 tensors.
 
-Compile keys (``_compile``): forward, dK/dV and dQ each (dtype, math mode, padded head dim, causal,
-vector width); delta (dtype, padded head dim, vector width). Batch, heads, sequence lengths, the
+Compile keys (``_compile``): the mma.sync forward, dK/dV and dQ each (dtype, math mode, padded head
+dim, causal, vector width); delta (dtype, padded head dim, vector width); the Hopper kernels as their
+modules say. Batch, heads, sequence lengths, the
 real head dim, strides and the scale are runtime arguments.
 """
 from __future__ import annotations
@@ -139,8 +146,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
-    """``(dq, dk, dv)``, each None where ``needs`` says no. delta first, then dK and dV together when
-    either is needed, then dQ when needed."""
+    """``(dq, dk, dv)``, each None where ``needs`` says no. On Hopper (16-bit, D = 64 / 128, not in
+    deterministic mode) one pass computes all three (dq's conversion only when needed); otherwise delta
+    first, then dK and dV together when either is needed, then dQ when needed."""
     q, k, v, out, lse = cache
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
