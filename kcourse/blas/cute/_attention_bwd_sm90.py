@@ -76,6 +76,7 @@ from cutlass.tensor_utils import LayoutEnum
 from . import _compile
 from ._attention_fwd import mn_view
 from ._attention_fwd_sm90 import acc_as_operand_a, tma_strides, wgmma
+from ._reduce import sm_count
 
 LOG2E = math.log2(math.e)
 VEC = 8  # 16 bytes of a 16-bit type
@@ -91,12 +92,24 @@ def supports(q, k, v, dout, scale: float) -> bool:
     return fwd_supports(q, k, v, scale) and dout.dtype == q.dtype and tma_strides(dout) is not None
 
 
-def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float) -> None:
+def config(D: int, causal: bool) -> dict:
+    """The main kernel's variant. ``persistent``: one CTA per SM walking the work tiles bx, bx + grid,
+    ... (its producer loads the next tile's K, V, Q and dO during this tile's dK, dV stores), instead
+    of one CTA per work tile. Measured on an H100 (benchmarks/results/2026-11-22-cute-attention-bwd/
+    variants-persistent-h100.log): 0.91-1.03x without the mask, 0.68-0.92x with it (the static order
+    balances causal tiles badly), so neither case takes it."""
+    return {"persistent": False}
+
+
+def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float, **variant) -> None:
     """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
     takes them; out and dout (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
-    contiguous, 16-byte aligned (dq may be None: dQ is then not written out)."""
+    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``variant`` overrides
+    entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
+    tiles = -(-Tk // _AttentionBwdSm90.tile_n) * Hkv * B
+    ctas = min(tiles, sm_count(q.device)) if {**config(D, causal), **variant}["persistent"] else tiles
     m_tiles = -(-Tq // TILE_M)
     dev = _compile.stream_of(q)
     pointer = _compile.pointer
@@ -109,7 +122,7 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
                     pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *tma_strides(dout),
-                    *dk.stride()[:3], *dv.stride()[:3], scale * LOG2E, scale, dev)
+                    *dk.stride()[:3], *dv.stride()[:3], scale * LOG2E, scale, ctas, dev)
     if dq is not None:
         _compile.launch(_Postprocess, (q.dtype, D), pointer(dq_accum, 16), pointer(dq, 16), B, H, Tq,
                         scale, dev)
@@ -299,7 +312,7 @@ class _AttentionBwdSm90:
                  sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
                  sv_b: Int64, sv_h: Int64, sv_t: Int64, sdo_b: Int64, sdo_h: Int64, sdo_t: Int64,
                  sdk_b: Int64, sdk_h: Int64, sdk_t: Int64, sdv_b: Int64, sdv_h: Int64, sdv_t: Int64,
-                 scale_log2: Float32, scale: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, scale: Float32, ctas: Int32, stream: cuda.CUstream):
         D, bM, bN = self.D, self.tile_m, self.tile_n
 
         def heads(ptr, T, Hx, s_t, s_h, s_b):  # (T, D, H, B); strides promised multiples of 8 elements
@@ -354,12 +367,11 @@ class _AttentionBwdSm90:
         self.kernel(tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, mLSE2, mDelta, mAcc,
                     mdK, mdV, mma_sdp, mma_dkv, mma_dq, q_smem, kv_smem, ds_smem, H // Hkv, Tq,
                     scale_log2, scale).launch(
-            grid=[cute.ceil_div(Tk, bN) * Hkv * B, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1,
-            stream=stream)
+            grid=[ctas, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @staticmethod
     def work_tile(tile: Int32, n_blocks: Int32, Hkv: Int32):
-        """(key tile, kv head, batch) of CTA ``tile``, key tile fastest: the CTAs at work together
+        """(key tile, kv head, batch) of work tile ``tile``, key tile fastest: the CTAs at work together
         stream the same head's Q and dO, which L2 then serves once. (Key tile slowest, so that under the
         causal mask the longest CTAs start first, measured 0.55-0.96x as fast on an H100: the L2 misses
         cost more than the shorter tail.)"""
@@ -389,9 +401,10 @@ class _AttentionBwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         bx, _, _ = cute.arch.block_idx()
-        n_block, hk, b = self.work_tile(bx, cute.ceil_div(mK.shape[0], bN), mK.shape[2])
-        first, count = self.q_range(n_block, Tq)
-        steps = count * group  # (query head of the group, query tile) pairs, query tile fastest
+        ctas, _, _ = cute.arch.grid_dim()
+        Tk, Hkv, B = mK.shape[0], mK.shape[2], mK.shape[3]
+        n_blocks = cute.ceil_div(Tk, bN)
+        tiles = n_blocks * Hkv * B  # work tiles bx, bx + ctas, ... are this CTA's
         if warp_idx == self.producer_warp:
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
@@ -430,33 +443,41 @@ class _AttentionBwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV,
-                             sLSE, sDelta, kv_pipe, q_pipe, do_pipe, n_block, hk, b, group, first, count, steps)
+                             sLSE, sDelta, kv_pipe, q_pipe, do_pipe, bx, ctas, tiles, n_blocks, group, Tq)
             if warp_idx == self.dq_warp:
-                for step in cutlass.range(steps, unroll=1):
-                    h = hk * group + step // count
-                    m_block = first + step % count
-                    for w in cutlass.range_constexpr(self.consumer_wgs):
-                        cute.arch.cp_async_bulk_wait_group(self.consumer_wgs - 1 - w, read=True)
-                        cute.arch.barrier_arrive(barrier_id=self.bar_dq_empty + w,
-                                                 number_of_threads=self.threads_per_wg + 32)
-                    for w in cutlass.range_constexpr(self.consumer_wgs):
-                        cute.arch.barrier(barrier_id=self.bar_dq_full + w, number_of_threads=self.threads_per_wg + 32)
-                        with cute.arch.elect_one():
-                            bulk_reduce_add(sdQ[None, w].iterator, mAcc[None, w, m_block, h, b].iterator, bM * D * 2)
-                        cute.arch.cp_async_bulk_commit_group()
+                tile = bx
+                while tile < tiles:
+                    n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
+                    first, count = self.q_range(n_block, Tq)
+                    for step in cutlass.range(count * group, unroll=1):
+                        h = hk * group + step // count
+                        m_block = first + step % count
+                        for w in cutlass.range_constexpr(self.consumer_wgs):
+                            cute.arch.cp_async_bulk_wait_group(self.consumer_wgs - 1 - w, read=True)
+                            cute.arch.barrier_arrive(barrier_id=self.bar_dq_empty + w,
+                                                     number_of_threads=self.threads_per_wg + 32)
+                        for w in cutlass.range_constexpr(self.consumer_wgs):
+                            cute.arch.barrier(barrier_id=self.bar_dq_full + w,
+                                              number_of_threads=self.threads_per_wg + 32)
+                            with cute.arch.elect_one():
+                                bulk_reduce_add(sdQ[None, w].iterator, mAcc[None, w, m_block, h, b].iterator,
+                                                bM * D * 2)
+                            cute.arch.cp_async_bulk_commit_group()
+                    tile += ctas
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the engine has read the last buffers
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mma_sdp, mma_dkv, mma_dq, sQ, sQt, sdO, sdOt, sK, sKt, sV, sdS, sdSt, sLSE, sDelta, sdQ,
-                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count, steps,
+                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, bx, ctas, tiles, n_blocks, group, Tq,
                          scale_log2, scale)
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE,
-                sDelta, kv_pipe, q_pipe, do_pipe, n_block, hk, b, group, first, count, steps):
-        """The producer warp: K and V once, then Q with lse and dO with delta for every step."""
+                sDelta, kv_pipe, q_pipe, do_pipe, first_tile, ctas, tiles, n_blocks, group, Tq):
+        """The producer warp, per work tile: K and V, then Q with lse and dO with delta for every step."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
+        Hkv = mK.shape[2]
 
         def tma(atom, s, g):  # (smem stages, gmem tiles) as the TMA unit sees them
             return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
@@ -466,40 +487,47 @@ class _AttentionBwdSm90:
         kv_state = pipeline.make_pipeline_state(P, 1)
         q_state = pipeline.make_pipeline_state(P, self.stages)
         do_state = pipeline.make_pipeline_state(P, self.stages)
-        tKsK, tKgK = tma(tma_k, sK, cute.local_tile(mK[None, None, hk, b], (bN, D), (n_block, 0)))
-        tVsV, tVgV = tma(tma_v, sV, cute.local_tile(mV[None, None, hk, b], (bN, D), (n_block, 0)))
-        kv_pipe.producer_acquire(kv_state)
-        cute.copy(tma_k, tKgK, tKsK[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-        cute.copy(tma_v, tVgV, tVsV[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-        for step in cutlass.range(steps, unroll=1):
-            h = hk * group + step // count
-            m_block = first + step % count
-            tQsQ, tQgQ = tma(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (bM, D), (None, 0)))
-            tdOsdO, tdOgdO = tma(tma_do, sdO, cute.local_tile(mdO[None, None, h, b], (bM, D), (None, 0)))
-            q_pipe.producer_acquire(q_state)
-            bar = q_pipe.producer_get_barrier(q_state)
-            cute.copy(tma_q, tQgQ[(None, m_block)], tQsQ[(None, q_state.index)], tma_bar_ptr=bar)
-            with cute.arch.elect_one():
-                bulk_load(mLSE2[None, h, b].iterator + m_block * bM, sLSE[None, q_state.index].iterator, bar, bM * 4)
-            q_state.advance()
-            do_pipe.producer_acquire(do_state)
-            bar = do_pipe.producer_get_barrier(do_state)
-            cute.copy(tma_do, tdOgdO[(None, m_block)], tdOsdO[(None, do_state.index)], tma_bar_ptr=bar)
-            with cute.arch.elect_one():
-                bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator, bar,
-                          bM * 4)
-            do_state.advance()
+        tile = first_tile
+        while tile < tiles:
+            n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
+            first, count = self.q_range(n_block, Tq)
+            tKsK, tKgK = tma(tma_k, sK, cute.local_tile(mK[None, None, hk, b], (bN, D), (n_block, 0)))
+            tVsV, tVgV = tma(tma_v, sV, cute.local_tile(mV[None, None, hk, b], (bN, D), (n_block, 0)))
+            kv_pipe.producer_acquire(kv_state)  # the last tile's products are done with K and V
+            cute.copy(tma_k, tKgK, tKsK[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+            cute.copy(tma_v, tVgV, tVsV[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+            kv_state.advance()
+            for step in cutlass.range(count * group, unroll=1):
+                h = hk * group + step // count
+                m_block = first + step % count
+                tQsQ, tQgQ = tma(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (bM, D), (None, 0)))
+                tdOsdO, tdOgdO = tma(tma_do, sdO, cute.local_tile(mdO[None, None, h, b], (bM, D), (None, 0)))
+                q_pipe.producer_acquire(q_state)
+                bar = q_pipe.producer_get_barrier(q_state)
+                cute.copy(tma_q, tQgQ[(None, m_block)], tQsQ[(None, q_state.index)], tma_bar_ptr=bar)
+                with cute.arch.elect_one():
+                    bulk_load(mLSE2[None, h, b].iterator + m_block * bM, sLSE[None, q_state.index].iterator, bar,
+                              bM * 4)
+                q_state.advance()
+                do_pipe.producer_acquire(do_state)
+                bar = do_pipe.producer_get_barrier(do_state)
+                cute.copy(tma_do, tdOgdO[(None, m_block)], tdOsdO[(None, do_state.index)], tma_bar_ptr=bar)
+                with cute.arch.elect_one():
+                    bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator,
+                              bar, bM * 4)
+                do_state.advance()
+            tile += ctas
 
     @cute.jit
     def consume(self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, sQ: cute.Tensor,
                 sQt: cute.Tensor, sdO: cute.Tensor, sdOt: cute.Tensor, sK: cute.Tensor, sKt: cute.Tensor,
                 sV: cute.Tensor, sdS: cute.Tensor, sdSt: cute.Tensor, sLSE: cute.Tensor, sDelta: cute.Tensor,
                 sdQ: cute.Tensor, kv_pipe, q_pipe, do_pipe, mdK: cute.Tensor, mdV: cute.Tensor, tidx: Int32,
-                wg_idx: Int32, n_block: Int32, hk: Int32, b: Int32, first: Int32, count: Int32, steps: Int32,
-                scale_log2: Float32, scale: Float32):
-        """A consumer warpgroup: keys [64 w, 64 w + 64) of the tile, its dK and dV, its half of each dQ."""
+                wg_idx: Int32, first_tile: Int32, ctas: Int32, tiles: Int32, n_blocks: Int32, group: Int32,
+                Tq: Int32, scale_log2: Float32, scale: Float32):
+        """A consumer warpgroup, per work tile: keys [64 w, 64 w + 64) of the tile, their dK and dV,
+        its half of each dQ."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
-        pair = self.consumer_wgs * self.threads_per_wg
         wg_sdp = mma_sdp.get_slice(wg_idx * self.threads_per_wg)
         wg_dkv = mma_dkv.get_slice(wg_idx * self.threads_per_wg)
         wg_dq = mma_dq.get_slice(wg_idx * self.threads_per_wg)
@@ -518,16 +546,39 @@ class _AttentionBwdSm90:
         tsdS = thr_sdp.partition_C(sdSt)  # where this thread's dS^T values go: ((2, 2, bM/8), 1, 1, S)
         acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((bN, D)), Float32)  # ((2, 2, D/8), 1, 1)
         acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((bN, D)), Float32)
-        acc_dv.fill(0.0)
-        acc_dk.fill(0.0)
         cS = mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bN, bM))))  # (key, query) in the tile
-        rows, cols = cute.size(cS, mode=[0]), cute.size(cS, mode=[1])
-        key0 = n_block * bN
+        thr_dkv = mma_dkv.get_slice(tidx)
+        cD = mn_view(thr_dkv.partition_C(cute.make_identity_tensor((bN, D))))  # (key, d) in the tile
 
         C = pipeline.PipelineUserType.Consumer
         kv_read = pipeline.make_pipeline_state(C, 1)
         q_read = pipeline.make_pipeline_state(C, self.stages)
         do_read = pipeline.make_pipeline_state(C, self.stages)
+        tile = first_tile
+        while tile < tiles:
+            n_block, hk, b = self.work_tile(tile, n_blocks, mdK.shape[2])
+            first, count = self.q_range(n_block, Tq)
+            kv_read, q_read, do_read = self.consume_tile(
+                mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ, tdQrdS, tdQrK,
+                tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe, do_pipe,
+                kv_read, q_read, do_read, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count, count * group,
+                scale_log2, scale)
+            tile += ctas
+
+    @cute.jit
+    def consume_tile(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ,
+                     tdQrdS, tdQrK, tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe,
+                     q_pipe, do_pipe, kv_read, q_read, do_read, mdK: cute.Tensor, mdV: cute.Tensor, tidx: Int32,
+                     wg_idx: Int32, n_block: Int32, hk: Int32, b: Int32, first: Int32, count: Int32,
+                     steps: Int32, scale_log2: Float32, scale: Float32):
+        """One work tile. Returns the advanced pipeline states (assigned in the caller's loop, so that
+        the DSL carries them from one tile to the next)."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        pair = self.consumer_wgs * self.threads_per_wg
+        rows, cols = cute.size(cS, mode=[0]), cute.size(cS, mode=[1])
+        key0 = n_block * bN
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
         kv_pipe.consumer_wait(kv_read)
         for step in cutlass.range(steps, unroll=1):
             m_block = first + step % count
@@ -584,12 +635,12 @@ class _AttentionBwdSm90:
             warpgroup.wait_group(0)
             q_pipe.consumer_release(q_read)
             q_read.advance()
+        kv_pipe.consumer_release(kv_read)  # every product of the tile is done: K and V may be replaced
+        kv_read.advance()
 
         # --- dK = c dS^T Q summed, dV: rounded and stored from registers, key rows past Tk skipped
         Tk = mdK.shape[0]
         acc_dk.store(acc_dk.load() * scale)
-        thr_dkv = mma_dkv.get_slice(tidx)
-        cD = mn_view(thr_dkv.partition_C(cute.make_identity_tensor((bN, D))))
         for acc, mOut in ((acc_dv, mdV), (acc_dk, mdK)):
             rOut = cute.make_rmem_tensor_like(acc, self.dtype)
             rOut.store(acc.load().to(self.dtype))
@@ -598,3 +649,4 @@ class _AttentionBwdSm90:
             for r in cutlass.range_constexpr(cute.size(rows_out, mode=[0])):
                 if key0 + cD[r, 0][0] < Tk:
                     cute.autovec_copy(rows_out[r, None], gOut[r, None])
+        return kv_read, q_read, do_read
