@@ -88,7 +88,7 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     # the Hopper kernels take 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
-        assert seen[0][1] == (dtype, D, causal, 128, not causal, D == 128 and not causal), seen[0]
+        assert seen[0][1] == (dtype, D, causal, 128, not causal, causal, D == 128 and not causal), seen[0]
         assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal), (dtype, D)], seen
         if layout == "bthd":
             assert not cache[0].is_contiguous()
@@ -131,14 +131,26 @@ def test_a_compiled_kernel_is_reused(monkeypatch):
     assert _compile.COMPILE_SECONDS == before
 
 
-@pytest.mark.parametrize("persistent, pingpong", [(False, False), (True, False), (False, True)])
-def test_hopper_forward_variants_compile(persistent, pingpong):
-    """The variants ``config`` does not pick by default still build (benchmarks compare them)."""
+@pytest.mark.parametrize("causal, persistent, paired, pingpong",
+                         [(False, False, False, False), (False, True, False, False), (False, False, False, True),
+                          (True, False, False, False)])
+def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong):
+    """The variants ``config`` does not pick for these sizes still build (longer sequences or the
+    benchmarks take them)."""
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
     with _compile.compiling_only():
-        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, False, 0.1, persistent=persistent,
-                                               pingpong=pingpong)
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
+                                               paired=paired, pingpong=pingpong)
+
+
+def test_hopper_forward_config():
+    """Causal CTAs take a pair of query tiles up to 32 tiles at D = 128 and 16 at D = 64 (measured);
+    without the mask the grid is persistent."""
+    config = _attention_fwd_sm90.config
+    assert config(128, True, 4096)["paired"] and not config(128, True, 4097)["paired"]
+    assert config(64, True, 2048)["paired"] and not config(64, True, 2049)["paired"]
+    assert not config(128, False, 100)["paired"] and config(128, False, 100)["persistent"]
 
 
 def test_hopper_forward_strides():

@@ -115,15 +115,22 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
             and all(tma_strides(t) is not None for t in (q, k, v)))
 
 
-def config(D: int, causal: bool) -> dict:
-    """The kernel's variant for a head dim and mask: keys per tile, persistent grid, ping-pong.
+def config(D: int, causal: bool, Tq: int) -> dict:
+    """The kernel's variant for a head dim, mask and query length: keys per tile, persistent grid,
+    paired tiles, ping-pong.
 
     Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
     benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
     non-causal tile) by 1-5%, best against best; the persistent grid is 1-7% faster without the mask and
     1-5% slower with it (its static order cannot start the longest causal tiles first); ping-pong is
-    -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere."""
-    return {"tile_n": 128, "persistent": not causal, "pingpong": D == 128 and not causal}
+    -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere. ``paired`` (causal): each CTA
+    takes two query tiles, m and m_tiles - 1 - m, so that every CTA has the same number of key tiles
+    and the second tile's Q load overlaps the first tile's last products. Measured on an H100
+    (benchmarks/results/2026-11-22-cute-attention-bwd/paired-forward-h100.log): 1.04-1.07x at D = 128
+    and T <= 4k, 1.02-1.05x at D = 64 and T <= 2k, 0.90-0.99x beyond (where one CTA per tile, longest
+    first, leaves the shorter tail), hence up to 32 query tiles at D = 128 and 16 at D = 64."""
+    paired = causal and -(-Tq // 128) <= (32 if D == 128 else 16)
+    return {"tile_n": 128, "persistent": not causal, "paired": paired, "pingpong": D == 128 and not causal}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -132,9 +139,10 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    c = {**config(D, causal), **variant}
+    c = {**config(D, causal, Tq), **variant}
     pointer = _compile.pointer
-    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["pingpong"]),
+    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
+                                        c["pingpong"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
                     scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
@@ -173,7 +181,7 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Te
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class _AttentionFwdSm90:
-    """The compiled kernel for one key (dtype, D, causal, tile_n, persistent, pingpong); ``__call__``
+    """The compiled kernel for one key (dtype, D, causal, tile_n, persistent, paired, pingpong); ``__call__``
     is the host function."""
 
     threads_per_wg = 128
@@ -184,10 +192,12 @@ class _AttentionFwdSm90:
     producer_regs, consumer_regs = 24, 240  # 128 * 24 + 256 * 240 = 64512 of the SM's 65536
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
 
-    def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, pingpong: bool):
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
+                 pingpong: bool):
+        assert not (persistent and paired), "a CTA walks the tiles persistently or takes a pair, not both"
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
-        self.persistent, self.pingpong = persistent, pingpong
+        self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -246,11 +256,16 @@ class _AttentionFwdSm90:
         # work tiles (query tile, head, batch), query tile fastest: the CTAs at work together read the
         # same K and V. Persistent: one CTA per SM walks tiles bx, bx + grid, ... (its producer loads
         # the next tile's Q, K and V during this tile's last products and stores). Otherwise one CTA a
-        # tile, in reverse query order: under the causal mask the longest tiles start first.
+        # tile, in reverse query order: under the causal mask the longest tiles start first. Paired: CTA
+        # c takes tiles c and c + grid of a sequence in which tile c < grid is the query tile m_tiles - 1
+        # - p of pair p and tile c + grid its partner p (none for the middle tile of an odd count).
         tiles = cute.ceil_div(Tq, bM) * H * B
         grid = tiles
         if cutlass.const_expr(self.persistent):
             grid = cutlass.min(tiles, sms)
+        if cutlass.const_expr(self.paired):
+            grid = cute.ceil_div(cute.ceil_div(Tq, bM), 2) * H * B
+            tiles = 2 * grid
         self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv,
                     q_smem, k_smem, v_smem, H // Hkv, tiles, scale_log2).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
@@ -261,21 +276,32 @@ class _AttentionFwdSm90:
                 pipeline.make_pipeline_state(user, self.stages))
 
     @cute.jit
-    def work_tile(self, tile: Int32, Tq: Int32, Tk: Int32, H: Int32):
-        """(m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile``: its key tiles are [0,
-        n_blocks), visited last to first, and those >= n_masked need the mask."""
+    def work_tile(self, tile: Int32, grid: Int32, Tq: Int32, Tk: Int32, H: Int32):
+        """(valid, m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile``: its key tiles are [0,
+        n_blocks), visited last to first, and those >= n_masked need the mask; a tile that is not
+        ``valid`` (the missing partner of a paired middle tile) is skipped."""
         bM, bN = self.tile_m, self.tile_n
         m_tiles = cute.ceil_div(Tq, bM)
+        valid = True
         m_block = m_tiles - 1 - tile % m_tiles
         h = (tile // m_tiles) % H
         b = tile // m_tiles // H
+        if cutlass.const_expr(self.paired):
+            pairs = cute.ceil_div(m_tiles, 2)
+            p = tile % grid % pairs
+            h = tile % grid // pairs % H
+            b = tile % grid // pairs // H
+            m_block = m_tiles - 1 - p
+            valid = tile < grid or p < m_tiles - 1 - p
+            if tile >= grid:
+                m_block = p
         row0 = m_block * bM
         n_blocks = cute.ceil_div(Tk, bN)
         n_masked = Tk // bN
         if cutlass.const_expr(self.causal):
             n_blocks = cute.ceil_div(cutlass.min(row0 + bM, Tk), bN)
             n_masked = cutlass.min(row0 // bN, n_masked)
-        return m_block, h, b, row0, n_blocks, n_masked
+        return valid, m_block, h, b, row0, n_blocks, n_masked
 
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
@@ -322,30 +348,31 @@ class _AttentionFwdSm90:
                 q_state, k_state, v_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
                 tile = bx
                 while tile < tiles:
-                    m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
-                    hk = h // group
-                    gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
-                    gK = cute.local_tile(mK[None, None, hk, b], (bN, D), (None, 0))  # (bN, D, key tiles)
-                    gVt = cute.local_tile(mVt[None, None, hk, b], (D, bN), (0, None))  # (D, bN, key tiles)
-                    tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                                       cute.group_modes(gQ, 0, 2))
-                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                                       cute.group_modes(gK, 0, 2))
-                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                                       cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2))
-                    q_pipe.producer_acquire(q_state)  # the previous tile's last S = Q K^T is done
-                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-                    q_state.advance()
-                    for i in cutlass.range(n_blocks, unroll=1):
-                        n = n_blocks - 1 - i
-                        k_pipe.producer_acquire(k_state)  # wait until the stage is free, arm "full"
-                        cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, k_state.index)],
-                                  tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-                        k_state.advance()
-                        v_pipe.producer_acquire(v_state)
-                        cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
-                                  tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-                        v_state.advance()
+                    valid, m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, grid, Tq, Tk, H)
+                    if valid:
+                        hk = h // group
+                        gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
+                        gK = cute.local_tile(mK[None, None, hk, b], (bN, D), (None, 0))  # (bN, D, key tiles)
+                        gVt = cute.local_tile(mVt[None, None, hk, b], (D, bN), (0, None))  # (D, bN, key tiles)
+                        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                                           cute.group_modes(gQ, 0, 2))
+                        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                                           cute.group_modes(gK, 0, 2))
+                        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                           cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2))
+                        q_pipe.producer_acquire(q_state)  # the previous tile's last S = Q K^T is done
+                        cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                        q_state.advance()
+                        for i in cutlass.range(n_blocks, unroll=1):
+                            n = n_blocks - 1 - i
+                            k_pipe.producer_acquire(k_state)  # wait until the stage is free, arm "full"
+                            cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, k_state.index)],
+                                      tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                            k_state.advance()
+                            v_pipe.producer_acquire(v_state)
+                            cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
+                                      tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                            v_state.advance()
                     tile += grid
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
@@ -385,11 +412,12 @@ class _AttentionFwdSm90:
         q_state, k_read, v_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         tile = first
         while tile < tiles:
-            _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
-            q_state, k_read, v_read = self.consume_tile(
-                wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO, row_max, row_sum, alpha,
-                q_pipe, k_pipe, v_pipe, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0, n_blocks,
-                n_masked, Tq, Tk, scale_log2)
+            valid, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, step, Tq, Tk, H)
+            if valid:
+                q_state, k_read, v_read = self.consume_tile(
+                    wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO, row_max, row_sum,
+                    alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
+                    n_blocks, n_masked, Tq, Tk, scale_log2)
             tile += step
 
     @cute.jit
