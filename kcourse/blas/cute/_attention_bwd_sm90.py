@@ -75,7 +75,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from . import _compile
 from ._attention_fwd import mn_view
-from ._attention_fwd_sm90 import acc_as_operand_a, tma_strides, wgmma
+from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, tma_strides, wgmma
 from ._reduce import sm_count
 
 LOG2E = math.log2(math.e)
@@ -377,6 +377,11 @@ class _AttentionBwdSm90:
         cost more than the shorter tail.)"""
         return tile % n_blocks, tile // n_blocks % Hkv, tile // n_blocks // Hkv
 
+    def pipeline_states(self, user: pipeline.PipelineUserType):
+        """Fresh (K and V, Q, dO) pipeline states of a producer or a consumer: stage 0, phase 0."""
+        return (pipeline.make_pipeline_state(user, 1), pipeline.make_pipeline_state(user, self.stages),
+                pipeline.make_pipeline_state(user, self.stages))
+
     @cute.jit
     def q_range(self, n_block: Int32, Tq: Int32):
         """(first, count) of the query tiles that see key tile ``n_block``: all of them, or causal ones
@@ -397,11 +402,7 @@ class _AttentionBwdSm90:
         # mQ, mdO (Tq, D, H, B) and mK, mV (Tk, D, Hkv, B): TMA coordinate tensors; mdK, mdV (Tk, D, Hkv,
         # B) the outputs; mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor
         D, bM, bN = self.D, self.tile_m, self.tile_n
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        bx, _, _ = cute.arch.block_idx()
-        ctas, _, _ = cute.arch.grid_dim()
+        tidx, warp_idx, wg_idx, bx, ctas = thread_roles(self.threads_per_wg)
         Tk, Hkv, B = mK.shape[0], mK.shape[2], mK.shape[3]
         n_blocks = cute.ceil_div(Tk, bN)
         tiles = n_blocks * Hkv * B  # work tiles bx, bx + ctas, ... are this CTA's
@@ -483,10 +484,7 @@ class _AttentionBwdSm90:
             return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
                                          cute.group_modes(g, 0, 2))
 
-        P = pipeline.PipelineUserType.Producer
-        kv_state = pipeline.make_pipeline_state(P, 1)
-        q_state = pipeline.make_pipeline_state(P, self.stages)
-        do_state = pipeline.make_pipeline_state(P, self.stages)
+        kv_state, q_state, do_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
         tile = first_tile
         while tile < tiles:
             n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
@@ -550,10 +548,7 @@ class _AttentionBwdSm90:
         thr_dkv = mma_dkv.get_slice(tidx)
         cD = mn_view(thr_dkv.partition_C(cute.make_identity_tensor((bN, D))))  # (key, d) in the tile
 
-        C = pipeline.PipelineUserType.Consumer
-        kv_read = pipeline.make_pipeline_state(C, 1)
-        q_read = pipeline.make_pipeline_state(C, self.stages)
-        do_read = pipeline.make_pipeline_state(C, self.stages)
+        kv_read, q_read, do_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         tile = first_tile
         while tile < tiles:
             n_block, hk, b = self.work_tile(tile, n_blocks, mdK.shape[2])

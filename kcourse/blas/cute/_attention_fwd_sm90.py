@@ -163,6 +163,17 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2]))))
 
 
+def thread_roles(threads_per_wg: int):
+    """(tidx, warp_idx, wg_idx, bx, grid) of this thread: its index, its warp's and warpgroup's (warp
+    uniform: the compiler may branch on them without divergence), its CTA's and the CTA count."""
+    tidx, _, _ = cute.arch.thread_idx()
+    warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    wg_idx = cute.arch.make_warp_uniform(tidx // threads_per_wg)
+    bx, _, _ = cute.arch.block_idx()
+    grid, _, _ = cute.arch.grid_dim()
+    return tidx, warp_idx, wg_idx, bx, grid
+
+
 @cute.jit
 def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
           zero_init: cutlass.Constexpr):
@@ -312,11 +323,7 @@ class _AttentionFwdSm90:
         # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B): TMA coordinate tensors;
         # mO (Tq, D, H, B) out itself; mLSE (Tq, H, B) float32
         D, bM, bN = self.D, self.tile_m, self.tile_n
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        bx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
+        tidx, warp_idx, wg_idx, bx, grid = thread_roles(self.threads_per_wg)
         Tq, Tk, H = mO.shape[0], mK.shape[0], mO.shape[2]
         if warp_idx == self.producer_warp:
             for atom in (tma_q, tma_k, tma_v):
