@@ -30,7 +30,7 @@ Warp roles of the main kernel (384 threads = 3 warpgroups)
 
         S^T = K Q^T, dP^T = V dO^T              (WGMMA, operands in smem, issued together)
         P^T = exp2(c log2e S^T - lse log2e)     (causal: 0 where query < key)
-        dS^T = P^T (dP^T - delta)               -> bf16 registers, and dS^T into smem for dQ
+        dS^T = P^T (dP^T - delta)               -> 16-bit registers, and dS^T into smem for dQ
         dV += P^T dO,  dK += dS^T Q             (WGMMA "RS": A from registers, B = dO, Q in smem)
         dQ[:, D/2 w ..] = dS K[:, D/2 w ..]     (both warpgroups' dS: a named barrier first)
 
@@ -76,6 +76,7 @@ from cutlass.tensor_utils import LayoutEnum
 from . import _compile
 from ._attention_fwd import mn_view
 from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, tma_strides, wgmma
+from ._attention_fwd_sm90 import supports as forward_supports
 from ._reduce import sm_count
 
 LOG2E = math.log2(math.e)
@@ -88,8 +89,7 @@ TILE_M = 64  # query rows per tile (the ring's stage, the pre- and postprocess C
 # ------------------------------------------------------------------------------------------------
 def supports(q, k, v, dout, scale: float) -> bool:
     """True when this backward takes these (B, H, T, D) operands: see the module docstring."""
-    from ._attention_fwd_sm90 import supports as fwd_supports
-    return fwd_supports(q, k, v, scale) and dout.dtype == q.dtype and tma_strides(dout) is not None
+    return forward_supports(q, k, v, scale) and dout.dtype == q.dtype and tma_strides(dout) is not None
 
 
 def config(D: int, causal: bool) -> dict:
