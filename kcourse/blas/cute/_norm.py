@@ -62,6 +62,7 @@ STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x
 STREAM_BACKWARD = 16  # ... backward (x, dy, weight, and two column sums)
 CTAS_PER_SM = 2  # backward grid: about what fits on an SM at once (64 KB of accumulators, ~128 registers)
 SUM_ROWS = 8  # column_sum_kernel: partial rows read at once (one per warp)
+SUM_UNROLL = 4  # ... and steps of SUM_ROWS rows unrolled (each warp has that many loads in flight)
 
 
 # ----------------------------------------------------------------------------- device helpers
@@ -354,7 +355,7 @@ def _column_sum_factory(dtype, vec: int):
         cP = cute.make_identity_tensor((P, D))
         acc = cute.make_rmem_tensor(cute.make_layout(((vec, 1), 1, 1)), Float32)
         acc.fill(0.0)
-        for k in cutlass.range(cute.ceil_div(P, SUM_ROWS), unroll=1):
+        for k in cutlass.range(cute.ceil_div(P, SUM_ROWS), unroll=SUM_UNROLL):  # loads of SUM_UNROLL steps in flight
             tPgP = thr.partition_S(cute.local_tile(mP, tile, (k, bidx)))  # ((VEC, 1), 1, 1)
             tPcP = thr.partition_S(cute.local_tile(cP, tile, (k, bidx)))
             rP = cute.make_rmem_tensor_like(tPgP)
