@@ -68,8 +68,8 @@ def test_cross_entropy(backend, dtype, shape, layout, reduction):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_reduction_over_many_rows(backend, reduction):
-    """More rows than one block of the triton reduction's partials (2048 rows each): the partial sums
-    and counts, then their sum; the mean's gradient divides by the count found the same way."""
+    """More rows than one block of the reductions' partials (triton 2048 rows each, cute 1024): the
+    partial sums and counts, then their sum; the mean's gradient divides by the count found the same way."""
     N = 5000
     logits, target = 3 * randn(N, 5), targets(N, 5)
     loss, dx, dout = run(backend, logits, target, reduction=reduction)

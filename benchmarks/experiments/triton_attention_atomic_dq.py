@@ -1,6 +1,10 @@
 """Experiment: the triton attention backward as one dK/dV kernel that also adds dQ = dS K into a float32
-buffer with atomics (5 products instead of 7), against the current two kernels and SDPA."""
-import sys, torch, triton, triton.language as tl, torch.nn.functional as F
+buffer with atomics (5 products instead of 7), against the current two kernels and SDPA (issue 3; not
+adopted: benchmarks/results/2026-11-22-cute-attention-bwd/triton-atomic-dq-experiment-h100.log).
+
+    python benchmarks/experiments/triton_attention_atomic_dq.py      # on a CUDA GPU, from the repository root
+"""
+import torch, triton, triton.language as tl, torch.nn.functional as F
 from kcourse.blas.triton import attention as TA
 from kcourse.blas.triton.attention import _load_rows, _store_rows, LOG2E
 

@@ -74,7 +74,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from . import _compile
-from ._attention_fwd import mn_view
+from ._attention_fwd import head_tensor, mn_view, row_tensor
 from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, tma_strides, wgmma
 from ._attention_fwd_sm90 import supports as forward_supports
 from ._reduce import sm_count
@@ -203,9 +203,8 @@ class _Preprocess:
         m_tiles = cute.ceil_div(Tq, TILE_M)
         Tp = m_tiles * TILE_M
         mO, mdO = heads_contiguous(po, Tq, D, H, B), heads_contiguous(pdo, Tq, D, H, B)
-        mLSE = cute.make_tensor(plse, cute.make_layout((Tq, H, B), stride=(1, Int64(Tq), Int64(Tq) * H)))
-        padded = cute.make_layout((Tp, H, B), stride=(1, Int64(Tp), Int64(Tp) * H))
-        mLSE2, mDelta = cute.make_tensor(plse2, padded), cute.make_tensor(pdelta, padded)
+        mLSE = row_tensor(plse, Tq, H, B)
+        mLSE2, mDelta = row_tensor(plse2, Tp, H, B), row_tensor(pdelta, Tp, H, B)
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)
         self.kernel(mO, mdO, mLSE, mLSE2, mDelta, mAcc, Tq).launch(
             grid=[m_tiles, H, B], block=[self.threads, 1, 1], stream=stream)
@@ -315,17 +314,15 @@ class _AttentionBwdSm90:
                  scale_log2: Float32, scale: Float32, ctas: Int32, stream: cuda.CUstream):
         D, bM, bN = self.D, self.tile_m, self.tile_n
 
-        def heads(ptr, T, Hx, s_t, s_h, s_b):  # (T, D, H, B); strides promised multiples of 8 elements
-            return cute.make_tensor(ptr, cute.make_layout((T, D, Hx, B), stride=(
-                cute.assume(s_t, divby=VEC), 1, cute.assume(s_h, divby=VEC), cute.assume(s_b, divby=VEC))))
-
-        mQ, mdO = heads(pq, Tq, H, sq_t, sq_h, sq_b), heads(pdo, Tq, H, sdo_t, sdo_h, sdo_b)
-        mK, mV = heads(pk, Tk, Hkv, sk_t, sk_h, sk_b), heads(pv, Tk, Hkv, sv_t, sv_h, sv_b)
-        mdK, mdV = heads(pdk, Tk, Hkv, sdk_t, sdk_h, sdk_b), heads(pdv, Tk, Hkv, sdv_t, sdv_h, sdv_b)
+        # (T, D, H, B) views, strides promised multiples of 8 elements (the host checked)
+        mQ = head_tensor(pq, Tq, D, H, B, sq_t, sq_h, sq_b, VEC)
+        mdO = head_tensor(pdo, Tq, D, H, B, sdo_t, sdo_h, sdo_b, VEC)
+        mK = head_tensor(pk, Tk, D, Hkv, B, sk_t, sk_h, sk_b, VEC)
+        mV = head_tensor(pv, Tk, D, Hkv, B, sv_t, sv_h, sv_b, VEC)
+        mdK = head_tensor(pdk, Tk, D, Hkv, B, sdk_t, sdk_h, sdk_b, VEC)
+        mdV = head_tensor(pdv, Tk, D, Hkv, B, sdv_t, sdv_h, sdv_b, VEC)
         m_tiles = cute.ceil_div(Tq, bM)
-        Tp = m_tiles * bM
-        padded = cute.make_layout((Tp, H, B), stride=(1, Int64(Tp), Int64(Tp) * H))
-        mLSE2, mDelta = cute.make_tensor(plse2, padded), cute.make_tensor(pdelta, padded)
+        mLSE2, mDelta = row_tensor(plse2, m_tiles * bM, H, B), row_tensor(pdelta, m_tiles * bM, H, B)
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)
 
         # --- the products; each warpgroup a 64-row slice (keys) of S^T, dP^T, dV, dK, or a D/2 slice of dQ
@@ -434,7 +431,8 @@ class _AttentionBwdSm90:
                 consumer_group=consumers, tx_count=tx, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
                 defer_sync=True)
 
-        kv_pipe = ring(storage.kv_barriers, 1, 2 * cute.size_in_bytes(self.dtype, cute.slice_(kv_smem, (None, None, 0))))
+        kv_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(kv_smem, (None, None, 0)))  # K and V
+        kv_pipe = ring(storage.kv_barriers, 1, kv_bytes)
         q_pipe = ring(storage.q_barriers, self.stages, tile_bytes + bM * 4)  # Q and its lse
         do_pipe = ring(storage.do_barriers, self.stages, tile_bytes + bM * 4)  # dO and its delta
         pipeline.pipeline_init_arrive()

@@ -404,8 +404,9 @@ def head_tensor(ptr, T, D, H, B, s_t, s_h, s_b, vec: int) -> cute.Tensor:
 
 
 def row_tensor(ptr, T, H, B) -> cute.Tensor:
-    """lse or delta: a contiguous float32 (B, H, T) tensor as (T, H, B); 64-bit strides."""
-    return cute.make_tensor(ptr, cute.make_layout((T, H, B), stride=(Int64(1), Int64(T), Int64(T) * H)))
+    """lse or delta: a contiguous float32 (B, H, T) tensor as (T, H, B); a static unit stride, 64-bit
+    head and batch strides."""
+    return cute.make_tensor(ptr, cute.make_layout((T, H, B), stride=(1, Int64(T), Int64(T) * H)))
 
 
 # ----------------------------------------------------------------------------- the forward kernel

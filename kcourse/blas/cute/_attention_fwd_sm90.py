@@ -78,7 +78,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import _compile
-from ._attention_fwd import _mask_scores, mn_view, quad_sum, row_tensor, softmax_tile
+from ._attention_fwd import _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
 from ._reduce import sm_count
 
 LN2 = math.log(2.0)
@@ -219,19 +219,14 @@ class _AttentionFwdSm90:
                  scale_log2: Float32, sms: Int32, stream: cuda.CUstream):
         D, bM, bN = self.D, self.tile_m, self.tile_n
 
-        def strides(s_t, s_h, s_b):  # promised multiples of 8 elements (the host checked)
-            return cute.assume(s_t, divby=VEC), cute.assume(s_h, divby=VEC), cute.assume(s_b, divby=VEC)
-
         # --- global tensors in CuTe's GEMM order: S = Q K^T has A = Q (M=Tq, K=D) and B = K (N=Tk, K=D),
-        # both K-major; O = P V has B = V^T (N=D, K=Tk): V read in place as an MN-major operand
-        q_t, q_h, q_b = strides(sq_t, sq_h, sq_b)
-        k_t, k_h, k_b = strides(sk_t, sk_h, sk_b)
-        v_t, v_h, v_b = strides(sv_t, sv_h, sv_b)
-        mQ = cute.make_tensor(pq, cute.make_layout((Tq, D, H, B), stride=(q_t, 1, q_h, q_b)))
-        mK = cute.make_tensor(pk, cute.make_layout((Tk, D, Hkv, B), stride=(k_t, 1, k_h, k_b)))
-        mVt = cute.make_tensor(pv, cute.make_layout((D, Tk, Hkv, B), stride=(1, v_t, v_h, v_b)))
-        o_t, o_h, o_b = strides(so_t, so_h, so_b)
-        mO = cute.make_tensor(po, cute.make_layout((Tq, D, H, B), stride=(o_t, 1, o_h, o_b)))
+        # both K-major; O = P V has B = V^T (N=D, K=Tk): V read in place as an MN-major operand. Strides
+        # promised multiples of 8 elements (the host checked).
+        mQ = head_tensor(pq, Tq, D, H, B, sq_t, sq_h, sq_b, VEC)
+        mK = head_tensor(pk, Tk, D, Hkv, B, sk_t, sk_h, sk_b, VEC)
+        mV = head_tensor(pv, Tk, D, Hkv, B, sv_t, sv_h, sv_b, VEC)
+        mVt = cute.make_tensor(pv, cute.select(mV.layout, mode=[1, 0, 2, 3]))  # (D, Tk, Hkv, B)
+        mO = head_tensor(po, Tq, D, H, B, so_t, so_h, so_b, VEC)
         mLSE = row_tensor(plse, Tq, H, B)
 
         # --- the two products, each warpgroup a 64-row slice: S (64 x bN) and O (64 x D), float32
