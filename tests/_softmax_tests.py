@@ -64,7 +64,7 @@ def test_python_reference(op, dtype, dim):
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_forward_and_gradient(op, backend, dtype, shape, dim, layout):
     require_dtype(backend, dtype)
-    x, dy = 3 * randn(*shape, dtype=dtype, layout=layout), randn(*shape, dtype=dtype, layout=layout)
+    x, dy = randn(*shape, dtype=dtype, layout=layout).mul_(3), randn(*shape, dtype=dtype, layout=layout)
     x0 = x.clone()
     check(op, backend, x, dim, dy)
     assert torch.equal(x, x0)
@@ -80,8 +80,40 @@ def test_triton_two_passes(op, dtype, monkeypatch):
     monkeypatch.setattr(_softmax, "CHUNK", 8)
     for shape, dim, layout in [((3, 100), -1, "contiguous"), ((100, 3), 0, "transposed"), ((2, 3, 21), 2, "strided"),
                                ((21, 2, 3), 0, "contiguous")]:
-        x, dy = 3 * randn(*shape, dtype=dtype, layout=layout), randn(*shape, dtype=dtype, layout=layout)
+        x, dy = randn(*shape, dtype=dtype, layout=layout).mul_(3), randn(*shape, dtype=dtype, layout=layout)
         check(op, "triton", x, dim, dy)
+
+
+# A few long rows, each spread over a cluster of CTAs (the cute backend's _rows.split_rows):
+# (shape, dim, layout, cluster). cluster None: split_rows's own choice -- shares kept in registers,
+# shares swept in chunks, scalar accesses (odd or strided rows), rows of a transposed view; an int:
+# that cluster size forced, with a ragged last share, or a share past the row's end (empty CTAs).
+CLUSTER_CASES = [((3, 50000), -1, "contiguous", None), ((2, 20001), -1, "contiguous", None),
+                 ((1, 300000), -1, "contiguous", None), ((5, 9000), -1, "strided", None),
+                 ((2, 3, 40000), -1, "contiguous", None), ((40000, 2), 0, "transposed", None),
+                 ((3, 8193), -1, "contiguous", 2), ((2, 40000), -1, "contiguous", 3),
+                 ((1, 70001), -1, "contiguous", 7), ((2, 300000), -1, "contiguous", 8)]
+
+
+@pytest.mark.parametrize("shape, dim, layout, cluster", CLUSTER_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cluster_rows(op, backend, dtype, shape, dim, layout, cluster, monkeypatch):
+    if backend != "cute":
+        pytest.skip("the cute backend's plan")
+    from kcourse.blas.cute import _rows
+    from _cute import compiled_kernels
+
+    if not _rows.clusters_supported():
+        pytest.skip("thread block clusters need sm_90+")
+
+    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", cluster)
+    seen = compiled_kernels(monkeypatch)
+    x, dy = randn(*shape, dtype=dtype, layout=layout).mul_(3), randn(*shape, dtype=dtype, layout=layout)
+    x.select(dim, 5).fill_(20.0)  # a large logit in the first CTA's share: the shares' maxima differ
+    check(op, backend, x, dim, dy)
+    # the forward's plan (autograd may hand the backward a contiguous dy, whose rows need no split)
+    clusters = {p.cluster for name, key in seen for p in key if isinstance(p, _rows.Plan) and name == "_softmax_factory"}
+    assert clusters == {cluster} if cluster else len(clusters) == 1 and min(clusters) > 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -51,7 +51,7 @@ def test_python_reference(dtype, reduction):
 def test_cross_entropy(backend, dtype, shape, layout, reduction):
     require_dtype(backend, dtype)
     N, V = shape
-    logits, target = 3 * randn(N, V, dtype=dtype, layout=layout), targets(N, V)
+    logits, target = randn(N, V, dtype=dtype, layout=layout).mul_(3), targets(N, V)
     logits0 = logits.clone()
     k = N if reduction == "sum" else 1
     loss, dx, dout = run(backend, logits, target, reduction=reduction)
@@ -172,6 +172,39 @@ def test_backward_skips_unneeded(backend):
     loss, cache = resolve("cross_entropy", backend)[1](logits, target, ignore_index=-100, reduction="sum")
     kernel = backward_kernel(backend, "cross_entropy")
     assert kernel(torch.ones_like(loss), cache, (False, False), ignore_index=-100, reduction="sum") == (None, None)
+
+
+# A few long rows, each spread over several CTAs (the cute backend's _rows.split_rows; the forward's
+# form a cluster): (N, V, layout, cluster), as in _softmax_tests.CLUSTER_CASES
+CLUSTER_CASES = [(3, 50000, "contiguous", None), (2, 20001, "contiguous", None), (1, 300000, "contiguous", None),
+                 (5, 9000, "strided", None), (2, 40000, "contiguous", 3), (1, 70001, "contiguous", 7),
+                 (2, 300000, "contiguous", 8)]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cluster_rows(backend, dtype, case, reduction, monkeypatch):
+    if backend != "cute":
+        pytest.skip("the cute backend's plan")
+    from kcourse.blas.cute import _rows
+    from _cute import compiled_kernels
+
+    if not _rows.clusters_supported():
+        pytest.skip("thread block clusters need sm_90+")
+
+    N, V, layout, cluster = case
+    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", cluster)
+    seen = compiled_kernels(monkeypatch)
+    logits, target = randn(N, V, dtype=dtype, layout=layout).mul_(3), targets(N, V)
+    logits[:, 5] = 20.0  # a large logit in the first CTA's share: the shares' maxima differ
+    target[0] = V - 1  # a target in the last CTA's share
+    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+    assert_close(loss, loss_ref, k=N if reduction == "sum" else 1)
+    assert_close(dx, dx_ref)
+    clusters = {p.cluster for _, key in seen for p in key if isinstance(p, _rows.Plan)}
+    assert clusters == {cluster} if cluster else len(clusters) == 1 and min(clusters) > 1
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
-from kcourse.blas.cute import _compile  # noqa: E402
+from kcourse.blas.cute import _compile, _rows  # noqa: E402
 from _cute import compiled_kernels, t  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,7 +65,9 @@ def test_softmax_kernels_compile(monkeypatch, op, dtype, layout):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_softmax_long_rows_compile(monkeypatch, op, dtype):
-    # rows longer than MAX_ONE_PASS: the two-sweep kernels (online logsumexp, then the output)
+    # rows longer than MAX_ONE_PASS: the two-sweep kernels (online logsumexp, then the output), a
+    # CTA per row (test_cluster_rows_compile: a few long rows over a cluster of CTAs)
+    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", 1)
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions(op)
     with _compile.compiling_only():
@@ -124,7 +126,9 @@ def test_cross_entropy_kernels_compile(monkeypatch, dtype, layout):
 
 
 def test_cross_entropy_huge_vocabulary_compiles(monkeypatch):
-    # V = 256000: the row is never materialized; chunks of 64 elements per thread, 128-bit loads
+    # V = 256000: the row is never materialized; chunks of 64 elements per thread, 128-bit loads;
+    # a CTA per row (test_cluster_rows_compile: a cluster of CTAs per row)
+    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", 1)
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions("cross_entropy")
     with _compile.compiling_only():
@@ -134,6 +138,31 @@ def test_cross_entropy_huge_vocabulary_compiles(monkeypatch):
         forward(t(0, 5, dtype=torch.float32), torch.zeros(0, dtype=torch.int64), ignore_index=-100, reduction="mean")
     (p,) = set(plans(seen, "_cross_entropy_factory"))
     assert (p.vec, p.tpr, p.one_pass) == (8, 256, False) and p.vec * p.vpt == 64
+
+
+# ----------------------------------------------------------------------------- a cluster of CTAs per row
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "cross_entropy"])
+def test_cluster_rows_compile(monkeypatch, op, dtype):
+    # a few long rows, each spread over a cluster of CTAs (split_rows): shares kept in registers
+    # (3 x 50000), swept in chunks (2 x 300000), scalar accesses (2 x 20001)
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    with _compile.compiling_only():
+        for N, V in [(3, 50000), (2, 300000), (2, 20001)]:
+            x = t(N, V, dtype=dtype)
+            if op == "cross_entropy":
+                loss, cache = forward(x, torch.zeros(N, dtype=torch.int64), ignore_index=-100, reduction="none")
+                backward(t(N, dtype=dtype), cache, (True, False), ignore_index=-100, reduction="none")
+            else:
+                y, cache = forward(x, -1)
+                backward(t(N, V, dtype=dtype), cache, (True,), -1)
+    factory = "_cross_entropy_factory" if op == "cross_entropy" else "_softmax_factory"
+    forward_plans = plans(seen, factory)
+    assert {p.one_pass for p in forward_plans} == {True, False} and {p.vec for p in forward_plans} > {1}
+    assert all(1 < p.cluster <= _rows.CLUSTER_MAX and p.tpr == _rows.THREADS for p in forward_plans)
+    assert all(p.cluster > 1 for p in plans(seen, factory.replace("_factory", "_backward_factory")))
 
 
 # ----------------------------------------------------------------------------- layer_norm, rms_norm

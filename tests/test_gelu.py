@@ -37,7 +37,7 @@ def test_python_reference(dtype, approximate):
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_gelu(backend, dtype, shape, layout, approximate):
     require_dtype(backend, dtype)
-    x = 2 * randn(*shape, dtype=dtype, layout=layout)
+    x = randn(*shape, dtype=dtype, layout=layout).mul_(2)
     dy = randn(*shape, dtype=dtype)
     x0 = x.clone()
     y, dx = gelu_and_grad(x, dy, approximate, backend)

@@ -34,7 +34,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_silu(backend, dtype, shape, layout):
     require_dtype(backend, dtype)
-    x = 3 * randn(*shape, dtype=dtype, layout=layout)
+    x = randn(*shape, dtype=dtype, layout=layout).mul_(3)
     dy = randn(*shape, dtype=dtype)
     x0 = x.clone()
     y, dx = silu_and_grad(x, dy, backend)

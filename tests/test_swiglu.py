@@ -39,7 +39,7 @@ def test_python_reference(dtype):
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_swiglu(backend, dtype, shape, gate_layout, up_layout):
     require_dtype(backend, dtype)
-    gate, up = 3 * randn(*shape, dtype=dtype, layout=gate_layout), randn(*shape, dtype=dtype, layout=up_layout)
+    gate, up = randn(*shape, dtype=dtype, layout=gate_layout).mul_(3), randn(*shape, dtype=dtype, layout=up_layout)
     dy = randn(*shape, dtype=dtype)
     inputs = (gate.clone(), up.clone())
     y, grads = swiglu_and_grads(gate, up, dy, backend)

@@ -46,8 +46,25 @@ scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds 
   apart, so a warp reads 32 neighbouring rows at each column (coalesced); the row's values meet in
   shared memory (``across_allreduce``).
 
+A cluster of CTAs per row (``split_rows``, sm_90+)
+--------------------------------------------------
+A row longer than MAX_ONE_PASS is spread over C <= 8 CTAs (``Plan.cluster``) when there are too few
+rows to give every SM a CTA, or when C CTAs can each keep their share in registers where one CTA
+would sweep the row twice (softmax: shares of at most 16384 elements forward, 8192 backward). CTA
+``r`` of a row's C (consecutive along x, launched as one thread block cluster) takes its
+consecutive share of the row's chunks (``chunk_range``); a share that fits in registers is one
+chunk, so the row is read once. The CTAs' partial results meet through distributed shared memory
+(``cluster_allreduce``): after its own reduction, thread ``p`` of each CTA writes the CTA's
+(m, s) -- or row sum -- into slot [r] of CTA ``p``'s buffer (``mapa`` + ``st.shared::cluster``),
+one cluster barrier (arrive.release, wait.acquire) publishes them, and every CTA combines the C
+slots in rank order: the same bits in all of them, and on every run. A relaxed arrive at the
+kernel's start, waited for before the first remote store, guarantees that every CTA of the
+cluster runs. Measured on an H100 (docs/softmax.md): 8 x 262144 bfloat16 softmax forward 8.4 us
+against 38 us with a CTA per row; 8192 x 65536, 0.74 ms against 1.05 ms.
+
 Keys: the dtype, the number of merged row dims, the ``Plan`` (VEC, TPR, VPT, one pass or two, which
-operands have a unit column stride) and the log flag; M, N and every stride are runtime arguments.
+operands have a unit column stride, CTAs per row) and the log flag; M, N and every stride are
+runtime arguments.
 
 ``VEC`` is 16 bytes' worth of elements when every operand has a unit column stride, its rows start
 16-byte aligned (base address and row strides) and N is a multiple of VEC; else 8, 4 bytes, or
@@ -82,6 +99,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 from .._layout import strided_layout
 from . import _compile, _reduce
@@ -93,6 +112,8 @@ STREAM_VALUES = 64  # elements a thread loads per chunk of a row swept in a loop
 MAX_ONE_PASS = 16384  # the longest row kept in registers: 64 elements per thread at 256 threads
 MAX_N = 2**31 - 2**24  # row lengths (and column indices) are 32-bit
 ACROSS_ROWS = 32  # rows per CTA when a row's threads are spread across warps (Plan.across)
+CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable cluster
+CLUSTER_OVERRIDE = None  # an int: split_rows uses this many CTAs per row wherever it can (tests, benchmarks)
 LOG2E = math.log2(math.e)
 NEG_INF = float("-inf")
 
@@ -108,9 +129,10 @@ class Plan(NamedTuple):
     one_pass: bool  # one chunk covers the row: it is read once and kept in registers
     units: tuple = ()  # per operand: its column stride is 1 (a compile-time 1, the others are runtime)
     across: bool = False  # a row's threads are ROWS apart (consecutive threads on consecutive rows)
+    cluster: int = 1  # CTAs per row (a cluster of them, see split_rows); each sweeps its share of the chunks
 
     @property
-    def rows(self) -> int:  # rows per CTA
+    def rows(self) -> int:  # rows per CTA (1 with a cluster per row)
         return THREADS // self.tpr
 
     @property
@@ -142,6 +164,44 @@ def plan(n: int, vec: int, col_strides, max_one_pass: int = MAX_ONE_PASS, stream
     if n <= max_one_pass:
         return Plan(vec, tpr, _reduce.pow2_at_least(-(-vectors // tpr)), True, units)
     return Plan(vec, THREADS, max(1, stream // vec), False, units)
+
+
+def clusters_supported() -> bool:
+    """Whether the GPU kernels compile for has thread block clusters (sm_90 and newer)."""
+    return int(_compile.target()[len("sm_"):].rstrip("a")) >= 90
+
+
+def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0) -> Plan:
+    """``plan_`` (for ``m`` rows of ``n`` elements) with each row spread over several CTAs -- a
+    cluster, whose CTAs combine their partial results through distributed shared memory -- where
+    that pays: for rows longer than one CTA keeps in registers (shorter rows are left alone),
+
+    - fill: with fewer rows than SMs, ``sms // m`` CTAs per row (a power of two), so that every SM
+      gets a CTA;
+    - keep: with ``share`` > 0, enough CTAs that each holds at most ``share`` elements of the row in
+      registers, so the row is read once (softmax: ``MAX_ONE_PASS``; its backward, which holds y
+      and dy, half that; cross_entropy, which reads a row once anyway: 0);
+
+    the larger of the two, at most ``CLUSTER_MAX``. A share that fits in registers is one chunk
+    (the CTA count is then the number of chunks); a longer one is swept in chunks. The rule and its
+    measurements: docs/softmax.md, "A few long rows, or many very long ones". Before sm_90 (no
+    clusters): ``plan_``."""
+    longest = MAX_ONE_PASS if plan_.vec > 1 else THREADS * VALUES  # as plan(): 8192 with scalar accesses
+    if plan_.across or (n <= longest and CLUSTER_OVERRIDE is None) or not clusters_supported():
+        return plan_
+    fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
+    keep = -(-n // min(share, longest)) if share else 1
+    cluster = min(CLUSTER_MAX, max(fill, keep))
+    if CLUSTER_OVERRIDE is not None:
+        cluster = min(CLUSTER_OVERRIDE, -(-n // plan_.vec))
+    if cluster < 2:
+        return plan_
+    per_cta = -(-n // cluster)
+    if per_cta <= longest:
+        vpt = _reduce.pow2_at_least(-(-per_cta // (plan_.vec * THREADS)))
+        plan_ = plan_._replace(tpr=THREADS, vpt=vpt, one_pass=True)
+        cluster = -(-n // plan_.chunk)  # the chunk was rounded up: as many CTAs as chunks
+    return plan_._replace(cluster=cluster) if cluster > 1 else plan_
 
 
 def row_vector_width(tensors, n: int, row_strides, col_strides) -> int:
@@ -338,6 +398,87 @@ def across_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Con
     return out
 
 
+def row_grid(M, plan_: Plan) -> list:
+    """The grid of a kernel over ``M`` rows: a CTA per ``plan_.rows`` rows, ``plan_.cluster`` per row."""
+    return [cute.ceil_div(M, plan_.rows) * plan_.cluster, 1, 1]
+
+
+def row_cluster(plan_: Plan):
+    """The launch's cluster shape: ``plan_.cluster`` consecutive CTAs (a row's), or None."""
+    return [plan_.cluster, 1, 1] if const_expr(plan_.cluster > 1) else None
+
+
+def cluster_rank(plan_: Plan) -> Int32:
+    """This CTA's rank among the CTAs of its row (0 without a cluster)."""
+    if const_expr(plan_.cluster == 1):
+        return Int32(0)
+    bidx, _, _ = cute.arch.block_idx()
+    return Int32(bidx % plan_.cluster)  # the cluster's CTAs are consecutive along x: the cluster rank
+
+
+def chunk_range(N, plan_: Plan) -> tuple:
+    """``(first, count)``: the chunks of a row this CTA sweeps -- all of them, or with a cluster per
+    row its rank's consecutive share (chunks past the row's end are predicated off)."""
+    chunks = cute.ceil_div(N, plan_.chunk)
+    if const_expr(plan_.cluster == 1):
+        return Int32(0), chunks
+    share = cute.ceil_div(chunks, plan_.cluster)
+    return cluster_rank(plan_) * share, share
+
+
+def cluster_buffer(plan_: Plan, values: int):
+    """Shared memory for ``cluster_allreduce``: (cluster, values) float32, a slot per CTA of the row;
+    None without a cluster. Call before any branch, then ``cluster_started``."""
+    if const_expr(plan_.cluster == 1):
+        return None
+    smem = cutlass.memory.SmemAllocator()
+    return smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster, values), order=(1, 0)),
+                                byte_alignment=16)
+
+
+def cluster_started(plan_: Plan) -> None:
+    """With a cluster per row, every thread arrives on the cluster barrier whose wait, in
+    ``cluster_allreduce``, guarantees that every CTA of the cluster runs (its shared memory exists)
+    before a remote store; the row's loads go on meanwhile."""
+    if const_expr(plan_.cluster > 1):
+        cute.arch.cluster_arrive_relaxed()
+
+
+@dsl_user_op
+def store_to_peer(smem: cute.Pointer, rank, value: Float32, *, loc=None, ip=None) -> None:
+    """Store ``value`` at the address of ``smem`` (a float32 in this CTA's shared memory) in the
+    shared memory of the cluster's CTA ``rank``: ``mapa`` gives the address there, ``st.shared::cluster``
+    writes it."""
+    llvm.inline_asm(
+        None, [smem.toint(loc=loc, ip=ip).ir_value(), Int32(rank).ir_value(), Float32(value).ir_value()],
+        "{ .reg .b32 peer; mapa.shared::cluster.u32 peer, $0, $1; st.shared::cluster.f32 [peer], $2; }",
+        "r,r,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, buffer) -> tuple:
+    """``vals`` (a CTA's result, the same in all its threads) combined over the CTAs of the row's
+    cluster, returned to every thread; without a cluster, ``vals``. Thread ``r`` of each CTA stores
+    the CTA's values into slot [rank] of CTA ``r``'s buffer (``st.shared::cluster`` through ``mapa``);
+    a cluster barrier (release, then acquire) makes them visible, and every CTA combines its slots
+    in rank order: the same bits in all of them. After the barrier no CTA touches another's shared
+    memory, so any may exit."""
+    if const_expr(plan_.cluster > 1):
+        tidx, _, _ = cute.arch.thread_idx()
+        rank = cluster_rank(plan_)
+        cute.arch.cluster_wait()  # the peers run (cluster_started)
+        if tidx < plan_.cluster:
+            for k in cutlass.range_constexpr(len(vals)):
+                store_to_peer((buffer.iterator + rank * len(vals) + k), tidx, vals[k])
+        cute.arch.cluster_arrive()  # release: our stores into the peers
+        cute.arch.cluster_wait()  # acquire: the peers' stores into our buffer
+        out = tuple(buffer[0, k] for k in range(len(vals)))
+        for other in cutlass.range_constexpr(1, plan_.cluster):
+            out = combine(out, tuple(buffer[other, k] for k in range(len(vals))))
+        vals = out
+    return vals
+
+
 def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer) -> tuple:
     """``vals`` combined over the threads of each row, as ``plan_`` lays them out (every thread of the
     CTA calls it when a row spans warps)."""
@@ -349,13 +490,17 @@ def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer) -> tuple:
 def row_thread(tiled_copy: cute.TiledCopy, plan_: cutlass.Constexpr):
     """``(row, lane, thr, tXcX)`` of this thread: its row (64-bit), its lane in the row, its slice of
     the row's TiledCopy and the chunk-local columns of its values, ``((VEC, 1), VPT)``. A row's
-    threads are consecutive, or (``plan_.across``) ROWS apart."""
+    threads are consecutive, or (``plan_.across``) ROWS apart; with a cluster per row, CTAs
+    ``row * cluster ... row * cluster + cluster - 1`` share row ``row``."""
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     lane, slot = tidx % plan_.tpr, tidx // plan_.tpr
     if const_expr(plan_.across):
         lane, slot = tidx // plan_.rows, tidx % plan_.rows
-    row = Int64(bidx) * plan_.rows + slot
+    block = bidx
+    if const_expr(plan_.cluster > 1):
+        block = bidx // plan_.cluster
+    row = Int64(block) * plan_.rows + slot
     thr = tiled_copy.get_slice(lane)
     tXcX = thr.partition_S(cute.make_identity_tensor((plan_.chunk,)))
     return row, lane, thr, tXcX
@@ -372,18 +517,21 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
     def softmax_kernel(mX: cute.Tensor, mY: cute.Tensor, sizes: list, M: Int64, N: Int32,
                        tiled_copy: cute.TiledCopy):
         # mX, mY: (N, (row dims)); sizes: the row dims but the outermost, innermost first
-        buffer = reduction_buffer(plan_, 2)
+        buffer, peers = reduction_buffer(plan_, 2), cluster_buffer(plan_, 2)
+        cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
         x_row, y_row = mX[None, crd], mY[None, crd]
         n = Int32(0)  # columns to read: none for a row past the end
         if row < M:
             n = N
+        first, count = chunk_range(N, plan_)  # one pass: (the cluster rank, 1)
         if const_expr(plan_.one_pass):
-            pred = chunk_predicate(tXcX, n, vpt)
-            x = load_chunk(tiled_copy, thr, x_row, 0, chunk, pred, NEG_INF).load().to(Float32)
+            pred = chunk_predicate(tXcX, n - first * chunk, vpt)
+            x = load_chunk(tiled_copy, thr, x_row, first, chunk, pred, NEG_INF).load().to(Float32)
             m_t, s_t, e = chunk_lse(x)
             m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer)
+            m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
             if const_expr(log):
                 y = (x - m) - cute.math.log(s)
             else:
@@ -391,17 +539,18 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                 if m_t != Float32(NEG_INF):
                     scale = exp2f((m_t - m) * LOG2E)
                 y = e * (scale / s)
-            store_chunk(tiled_copy, thr, y, y_row, 0, chunk, pred)
+            store_chunk(tiled_copy, thr, y, y_row, first, chunk, pred)
         else:
             state = (Float32(NEG_INF), Float32(0.0))
-            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+            for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
                 state = online_lse(state, x)
             m, s = rows_allreduce(state, combine_lse, plan_, buffer)
+            m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
             log_s = cute.math.log(s)
             inv_s = 1.0 / s
-            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+            for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
                 if const_expr(log):
@@ -414,7 +563,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
     def softmax_host(stream: cuda.CUstream, pX: cute.Pointer, pY: cute.Pointer, M: Int64, N: Int32, *args):
         (mX, mY), sizes = row_views((pX, pY), N, rank, plan_, args)
         softmax_kernel(mX, mY, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(M, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=row_grid(M, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return softmax_host
 
@@ -436,23 +585,26 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
     def softmax_backward_kernel(mY: cute.Tensor, mdY: cute.Tensor, mdX: cute.Tensor, sizes: list, M: Int64,
                                 N: Int32, tiled_copy: cute.TiledCopy):
         # mY, mdY, mdX: (N, (row dims)); sizes as in softmax_kernel
-        buffer = reduction_buffer(plan_, 1)
+        buffer, peers = reduction_buffer(plan_, 1), cluster_buffer(plan_, 1)
+        cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
         y_row, dy_row, dx_row = mY[None, crd], mdY[None, crd], mdX[None, crd]
         n = Int32(0)
         if row < M:
             n = N
+        first, count = chunk_range(N, plan_)
         if const_expr(plan_.one_pass):
-            pred = chunk_predicate(tXcX, n, vpt)
-            y = load_chunk(tiled_copy, thr, y_row, 0, chunk, pred, 0.0).load().to(Float32)
-            dy = load_chunk(tiled_copy, thr, dy_row, 0, chunk, pred, 0.0).load().to(Float32)
+            pred = chunk_predicate(tXcX, n - first * chunk, vpt)
+            y = load_chunk(tiled_copy, thr, y_row, first, chunk, pred, 0.0).load().to(Float32)
+            dy = load_chunk(tiled_copy, thr, dy_row, first, chunk, pred, 0.0).load().to(Float32)
             part = row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
             (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
-            store_chunk(tiled_copy, thr, grad(y, dy, total), dx_row, 0, chunk, pred)
+            (total,) = cluster_allreduce((total,), combine_sum, plan_, peers)
+            store_chunk(tiled_copy, thr, grad(y, dy, total), dx_row, first, chunk, pred)
         else:
             part = Float32(0.0)
-            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+            for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
                 y = dy
@@ -460,7 +612,8 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                     y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)
                 part += row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
             (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
-            for c in cutlass.range(cute.ceil_div(N, chunk), unroll=1):
+            (total,) = cluster_allreduce((total,), combine_sum, plan_, peers)
+            for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)
                 dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
@@ -471,14 +624,15 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                               M: Int64, N: Int32, *args):
         (mY, mdY, mdX), sizes = row_views((pY, pdY, pdX), N, rank, plan_, args)
         softmax_backward_kernel(mY, mdY, mdX, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(M, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=row_grid(M, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return softmax_backward_host
 
 
-def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool) -> torch.Tensor:
+def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
-    ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows)."""
+    ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
+    ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``)."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
@@ -497,7 +651,7 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
     vec = row_vector_width(tensors, N, row_strides, col_strides)
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
-    plan_ = plan(N, vec, col_strides, across=across)
+    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, _reduce.sm_count(out.device), share)
     args = row_arguments(row_shape, row_strides, col_strides)
     itemsize = out.element_size()
     _compile.launch(factory, (log, _compile.DTYPES[out.dtype], len(row_shape), plan_),
@@ -508,11 +662,13 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
 
 def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     """The cute ``softmax``/``log_softmax`` forward: ``(y, (y,))``."""
-    y = launch_rows(op, _softmax_factory, [x], dim, log)
+    y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS)
     return y, (y,)
 
 
 def softmax_rows_backward(op: str, dy: torch.Tensor, cache, needs, dim: int, log: bool):
     """The cute ``softmax_backward``/``log_softmax_backward``: ``(dx,)`` (None if not needed)."""
     (y,) = cache
-    return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log) if needs[0] else None,)
+    # the backward holds y and dy: half the forward's share of a long row per CTA
+    return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log, share=MAX_ONE_PASS // 2)
+            if needs[0] else None,)

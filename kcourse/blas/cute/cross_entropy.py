@@ -27,7 +27,10 @@ Design (the triton backend's, on the row machinery of ``_rows.py``):
   they issue right behind the target's load instead of a DRAM latency later. Lane 0 of the row reads
   the one target logit (only for a target in [0, V)) before the row reduction, which hides that
   load, and writes lse (float32, the cache) and loss = (m - x_t) + log s, formed without rounding
-  lse first (at |x| ~ 1e4 its float32 ulp is 1e-3).
+  lse first (at |x| ~ 1e4 its float32 ulp is 1e-3). Too few rows to give every SM a CTA, each
+  longer than 16384: a cluster of up to 8 CTAs per row (``_rows.split_rows``), each sweeping its
+  share of the chunks; their (max, sum) pairs meet in distributed shared memory
+  (``_rows.cluster_allreduce``) and the row's first CTA writes lse and loss.
 - ``valid_partials_kernel``, ``valid_sum_kernel``: the mean or sum in two stages, each in a fixed
   order (deterministic, no atomics, no host sync): CTA p of the first adds the losses (float32) of
   ``PART_ROWS`` rows and counts the valid ones (all its loads in flight at once), one CTA of the
@@ -38,7 +41,7 @@ Design (the triton backend's, on the row machinery of ``_rows.py``):
   every element gets exp(x - lse) g, then the thread that stored the target column's vector stores
   (exp(x_t - lse) - 1) g over it (one thread's stores to one address land in program order), so no
   element is compared with the target. One read and one write per element; ignored rows write zeros
-  without reading.
+  without reading. Rows split as in the forward are shared the same way (no reduction: no cluster).
 
 Keys: the logits' dtype, the target's (int32/int64), the plan (vector width, threads per row, vectors
 per thread, unit column strides) and, where it changes the code, the reduction; N, V, ignore_index
@@ -56,9 +59,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import _compile, _reduce
-from ._rows import (LOG2E, NEG_INF, THREADS, check_sizes, chunk_predicate, combine_lse, combine_sum, exp2f,
-                    load_chunk, online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_copy,
-                    row_thread, row_vector_width, row_views, rows_allreduce, store_chunk)
+from ._rows import (LOG2E, NEG_INF, THREADS, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
+                    cluster_buffer, cluster_rank, cluster_started, combine_lse, combine_sum, exp2f, load_chunk,
+                    online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster, row_copy,
+                    row_grid, row_thread, row_vector_width, row_views, rows_allreduce, split_rows, store_chunk)
 
 NAN = float("nan")
 SUM_THREADS = 256  # threads of each CTA of the mean / sum / count kernels
@@ -87,28 +91,35 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
                              rows: Int64, V: Int32, ignore_index: Int64, tiled_copy: cute.TiledCopy):
         # mX: (V, (N,)) logits, a row per coordinate of mode 1; mT: (N,) targets; mLse: (N,) float32;
         # mLoss: (N,) float32 or the logits' dtype
-        buffer = reduction_buffer(plan_, 2)
+        buffer, peers = reduction_buffer(plan_, 2), cluster_buffer(plan_, 2)
+        cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row = mX[None, (row,)]
+        writer = Int32(0)  # lane 0 of the row's (first) CTA writes the results
+        if lane == 0:
+            if cluster_rank(plan_) == 0:
+                writer = Int32(1)
         # The logits do not wait for the target: every row in range is read (an ignored or out-of-range
         # row's values go unused), so its loads issue right behind the target's.
         t, n = Int64(ignore_index), Int32(0)
         if row < rows:
             t, n = Int64(mT[row]), V
         state = (Float32(NEG_INF), Float32(0.0))
-        for c in cutlass.range(cute.ceil_div(V, chunk), unroll=1):
+        first, count = chunk_range(V, plan_)  # the whole row, or this CTA's share of it
+        for c in cutlass.range(first, first + count, unroll=1):
             pred = chunk_predicate(tXcX, n - c * chunk, vpt)
             x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
             state = online_lse(state, x)
-        # lane 0 reads the target logit (a line the CTA has just read) before the row reduction, which
-        # hides its latency
+        # the writer reads the target logit (a line the CTA has likely just read) before the row
+        # reduction, which hides its latency
         valid = _is_class(t, ignore_index, V)
         x_t = Float32(0.0)
-        if lane == 0:
+        if writer != 0:
             if valid != 0:
                 x_t = x_row[t].to(Float32)
         m, s = rows_allreduce(state, combine_lse, plan_, buffer)
-        if lane == 0:
+        m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
+        if writer != 0:
             if row < rows:
                 lse, loss = Float32(NAN), Float32(NAN)  # out of range
                 if t == ignore_index:
@@ -128,7 +139,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
         mLse = cute.make_tensor(pLse, cute.make_layout((rows,)))
         mLoss = cute.make_tensor(pLoss, cute.make_layout((rows,)))
         cross_entropy_kernel(mX, mT, mLse, mLoss, rows, V, ignore_index, row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=row_grid(rows, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return cross_entropy_host
 
@@ -227,16 +238,23 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
             g = mdOut[row].to(Float32)
             if const_expr(mean):
                 g = g / mNValid[0]
-        for c in cutlass.range(cute.ceil_div(V, chunk), unroll=1):
+        first, count = chunk_range(V, plan_)  # the whole row, or this CTA's share (no reduction: no cluster)
+        for c in cutlass.range(first, first + count, unroll=1):
             x = load_chunk(tiled_copy, thr, x_row, c, chunk, chunk_predicate(tXcX, n_read - c * chunk, vpt), 0.0)
             p = exp2f((x.load().to(Float32) - lse) * LOG2E)
             store_chunk(tiled_copy, thr, p * g, dx_row, c, chunk, chunk_predicate(tXcX, n_write - c * chunk, vpt))
         # The target column: (p - 1) g, stored over p g by the thread that stored p g there (the same
-        # thread's stores to one address land in program order).
+        # thread's stores to one address land in program order), in the CTA whose share holds it.
         if n_read > 0:
             if t >= 0:
                 if t < V:
-                    if lane == Int32((t % chunk) // plan_.vec) % plan_.tpr:
+                    mine = Int32(1)
+                    if const_expr(plan_.cluster > 1):
+                        mine = Int32(0)
+                        if t // chunk >= first:
+                            if t // chunk < first + count:
+                                mine = Int32(1)
+                    if lane == Int32((t % chunk) // plan_.vec) % plan_.tpr and mine != 0:
                         p_t = exp2f((x_row[t].to(Float32) - lse) * LOG2E)
                         dx_row[t] = ((p_t - 1.0) * g).to(dx_row.element_type)
 
@@ -254,7 +272,7 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
             mNValid = cute.make_tensor(pNValid, cute.make_layout((1,)))
         cross_entropy_backward_kernel(mX, mT, mLse, mdOut, mNValid, mdX, rows, V, ignore_index,
                                       row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=row_grid(rows, plan_), block=[THREADS, 1, 1], stream=stream)
 
     return cross_entropy_backward_host
 
@@ -269,9 +287,9 @@ def _rows_of(op, tensors):
     col_strides = [t.stride(1) if V > 1 else 1 for t in tensors]
     vec = row_vector_width(tensors, V, row_strides, col_strides)
     # one chunk up to V = 16384, else chunks of 64 elements per thread; threads across rows for a
-    # transposed logits (rows adjacent in memory)
+    # transposed logits (rows adjacent in memory); a few long rows: several CTAs per row (split_rows)
     across = N > 1 and all(c != 1 for c in col_strides) and all(s == 1 for (s,) in row_strides)
-    plan_ = plan(V, vec, col_strides, across=across)
+    plan_ = split_rows(plan(V, vec, col_strides, across=across), N, V, _reduce.sm_count(tensors[0].device))
     return vec, plan_, row_arguments((N,), row_strides, col_strides)
 
 
