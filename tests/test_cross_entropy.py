@@ -207,6 +207,30 @@ def test_cluster_rows(backend, dtype, case, reduction, monkeypatch):
     assert clusters == {cluster} if cluster else len(clusters) == 1 and min(clusters) > 1
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_splits_many_long_rows(backend, dtype, monkeypatch):
+    # rows enough for every SM and longer than 16384: the cute forward keeps a CTA per row, its
+    # backward shares each row among 3 CTAs (BACKWARD_SHARE; the last share ragged), with targets in
+    # every share, at a share's first and last column, and ignored rows
+    if backend != "cute":
+        pytest.skip("the cute backend's plan")
+    from kcourse.blas.cute import _rows
+    from kcourse.blas.cute.cross_entropy import BACKWARD_SHARE
+    from _cute import compiled_kernels
+
+    seen = compiled_kernels(monkeypatch)
+    N, V = 300, 2 * BACKWARD_SHARE + 3616
+    logits, target = randn(N, V, dtype=dtype).mul_(3), targets(N, V)
+    target[0], target[2], target[3], target[5] = 0, BACKWARD_SHARE - 1, BACKWARD_SHARE, V - 1
+    for reduction in REDUCTIONS:
+        loss, dx, dout = run(backend, logits, target, reduction=reduction)
+        loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
+        assert_close(loss, loss_ref, k=N if reduction == "sum" else 1)
+        assert_close(dx, dx_ref)
+    clusters = {name: {p.cluster for p in key if isinstance(p, _rows.Plan)} for name, key in seen}
+    assert clusters["_cross_entropy_factory"] == {1} and clusters["_cross_entropy_backward_factory"] == {3}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("shape", [(4096, 32768), (512, 131072), (8, 262144)])

@@ -165,6 +165,19 @@ def test_cluster_rows_compile(monkeypatch, op, dtype):
     assert all(p.cluster > 1 for p in plans(seen, factory.replace("_factory", "_backward_factory")))
 
 
+def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
+    # rows enough for every SM: the forward keeps a CTA per row (swept in chunks), the backward
+    # shares each row of 20000 among 3 CTAs of one chunk each (cross_entropy.BACKWARD_SHARE)
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions("cross_entropy")
+    with _compile.compiling_only():
+        loss, cache = forward(t(300, 20000, dtype=torch.bfloat16), torch.zeros(300, dtype=torch.int64),
+                              ignore_index=-100, reduction="sum")
+        backward(torch.zeros((), dtype=torch.bfloat16), cache, (True, False), ignore_index=-100, reduction="sum")
+    (fwd,), (bwd,) = set(plans(seen, "_cross_entropy_factory")), set(plans(seen, "_cross_entropy_backward_factory"))
+    assert (fwd.cluster, fwd.one_pass) == (1, False) and (bwd.cluster, bwd.one_pass, bwd.chunk) == (3, True, 8192)
+
+
 # ----------------------------------------------------------------------------- layer_norm, rms_norm
 
 # rows kept on chip; 12000: chunked backward; 20000: both chunked. Other layouts than contiguous:

@@ -27,7 +27,7 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 from kcourse.backend import backward_kernel, resolve
-from kcourse.blas.cute import _rows
+from kcourse.blas.cute import _rows, cross_entropy
 
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # a few rows: every op, the lengths below
 LENGTHS = [16384, 65536, 262144]
@@ -122,9 +122,10 @@ def measure(op, m, n, dtype, bandwidth, sms, forced) -> dict:
         time_all(f"cute/{c}", ["cute"])
     _rows.CLUSTER_OVERRIDE = None
     vec = 16 // sets[0][0].element_size()
-    for direction, share in (("fwd", _rows.MAX_ONE_PASS), ("bwd", _rows.MAX_ONE_PASS // 2)):
-        row[f"auto {direction}"] = _rows.split_rows(_rows.plan(n, vec, [1]), m, n, sms,
-                                                    share if op == "softmax" else 0).cluster
+    shares = ((_rows.MAX_ONE_PASS, _rows.MAX_ONE_PASS // 2) if op == "softmax"
+              else (0, cross_entropy.BACKWARD_SHARE))  # as softmax_rows / cross_entropy's launchers
+    for direction, share in zip(("fwd", "bwd"), shares):
+        row[f"auto {direction}"] = _rows.split_rows(_rows.plan(n, vec, [1]), m, n, sms, share).cluster
     return row
 
 
@@ -147,9 +148,9 @@ def main() -> None:
         cases += [(op, m, n, dtype) for dtype in (torch.bfloat16, torch.float32)
                   for n in (LENGTHS if dtype == torch.bfloat16 else [65536]) for m in ROWS
                   for op in ("softmax", "cross_entropy")]
-    if args.part in ("many", "all"):  # many long rows: softmax only (cross_entropy's rule keeps a CTA per row)
-        cases += [("softmax", m, n, dtype) for dtype in (torch.bfloat16, torch.float32) for m, n in MANY
-                  if m * n * dtype.itemsize <= 2**30]
+    if args.part in ("many", "all"):  # many long rows (cross_entropy: its backward splits them)
+        cases += [(op, m, n, dtype) for dtype in (torch.bfloat16, torch.float32) for m, n in MANY
+                  for op in ("softmax", "cross_entropy") if m * n * dtype.itemsize <= 2**30]
     for op, m, n, dtype in cases:
         row = measure(op, m, n, dtype, bandwidth, sms, FORCED)
         results.append(row)

@@ -178,9 +178,11 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0) -> Plan:
 
     - fill: with fewer rows than SMs, ``sms // m`` CTAs per row (a power of two), so that every SM
       gets a CTA;
-    - keep: with ``share`` > 0, enough CTAs that each holds at most ``share`` elements of the row in
-      registers, so the row is read once (softmax: ``MAX_ONE_PASS``; its backward, which holds y
-      and dy, half that; cross_entropy, which reads a row once anyway: 0);
+    - keep: with ``share`` > 0, enough CTAs that each takes at most ``share`` elements of the row
+      (softmax: ``MAX_ONE_PASS``, so that each keeps its share in registers and the row is read
+      once; its backward, which holds y and dy, half that; the cross_entropy forward, which reads a
+      row once anyway: 0; its backward, which needs no reduction, 8192: more CTAs, more loads in
+      flight);
 
     the larger of the two, at most ``CLUSTER_MAX``. A share that fits in registers is one chunk
     (the CTA count is then the number of chunks); a longer one is swept in chunks. The rule and its
