@@ -161,6 +161,61 @@ def test_gradcheck(backend_name, causal):
     assert torch.autograd.gradcheck(lambda *t: blas.attention(*t, causal=causal, backend=backend_name), (q, k, v))
 
 
+# The triton forward's TMA kernel (Hopper, 16-bit, D = 128, or 64 when causal): (B, H, Hkv, Tq, Tk, D, layout,
+# causal) with tails in both sequences, grouped-query heads, Tq != Tk both ways, one token (extent-1
+# dims, whose strides TMA is given legal values for), (B, T, H, D) views and a zero scale
+TMA_CASES = [((2, 4, 2, 37, 37, 64), "contiguous", True), ((1, 2, 2, 50, 70, 128), "bthd", False),
+             ((2, 2, 1, 33, 17, 128), "contiguous", True), ((1, 1, 1, 1, 1, 64), "contiguous", True),
+             ((1, 2, 1, 19, 40, 128), "bthd", True)]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_tma_forward(dtype, case, monkeypatch):
+    """The forward through TMA descriptors (on a CPU, the interpreter runs it: tma_device patched),
+    its out and, through the backward's use of lse, the gradients, against the reference."""
+    require_backend("triton")
+    from kcourse.blas.triton import attention as A
+
+    if not DEVICE.startswith("cuda"):
+        monkeypatch.setattr(A, "tma_device", lambda q: True)
+    elif not A.tma_device(torch.empty(0, device=DEVICE)):
+        pytest.skip("the TMA forward runs on Hopper GPUs (or the interpreter)")
+    taken, real = [], A.tma_descriptors
+
+    def spy(*tensors):  # the descriptors the forward built (None: it fell back to the pointer kernel)
+        taken.append(real(*tensors))
+        return taken[-1]
+
+    monkeypatch.setattr(A, "tma_descriptors", spy)
+    (B, H, Hkv, Tq, Tk, D), layout, causal = case
+    q, k, v = qkv(B, H, Hkv, Tq, Tk, D, dtype, layout)
+    dout = randn(B, H, Tq, D, dtype=dtype)
+    result = forward_backward(kcourse_attention("triton", causal=causal), q, k, v, dout)
+    assert taken and all(d is not None for d in taken)
+    assert_matches(result, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))
+    assert_matches(result, sdpa(q, k, v, dout, causal))
+    zero = [kcourse_attention(backend, causal=causal, scale=0.0) for backend in ("triton", "python")]
+    assert_close(*(attend(q, k, v) for attend in zero))  # a zero scale: means of v's rows (SDPA: NaN if causal)
+
+
+def test_triton_tma_descriptors_refuse():
+    """What TMA cannot read goes to the pointer kernel: float32, head dims other than 64 and 128,
+    sequence strides that are not multiples of 16 bytes, a base 2 bytes off, heads sharing memory."""
+    require_backend("triton")
+    from kcourse.blas.triton.attention import tma_descriptors
+
+    q = torch.zeros(1, 2, 5, 64, dtype=torch.bfloat16)
+    assert tma_descriptors(q, q, q, q) is not None
+    assert tma_descriptors(q.float(), q.float(), q.float(), q.float()) is None
+    q96 = torch.zeros(1, 2, 5, 96, dtype=torch.bfloat16)
+    assert tma_descriptors(q96, q96, q96, q96) is None
+    assert tma_descriptors(q, torch.zeros(1, 2, 5, 68, dtype=torch.bfloat16)[..., :64], q, q) is None
+    off = torch.zeros(2 * 5 * 64 + 1, dtype=torch.bfloat16)[1:].view(1, 2, 5, 64)
+    assert tma_descriptors(q, q, off, q) is None
+    assert tma_descriptors(q, torch.zeros(1, 1, 5, 64, dtype=torch.bfloat16).expand(1, 2, 5, 64), q, q) is None
+
+
 def test_triton_head_dim_limit():
     require_backend("triton")
     q, k, v = qkv(1, 2, 1, 3, 3, 160)

@@ -1,4 +1,5 @@
-"""The index space of same-shape tensors, merged: what every backend's elementwise kernels walk.
+"""The index space of same-shape tensors, merged: what every backend's elementwise kernels walk;
+and the strides of a (B, H, T, D) attention operand as a TMA descriptor takes them.
 
 Elementwise ops (copy, swap, scal, axpby, ...) take same-shape tensors whose strides may all
 differ. ``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims with one
@@ -36,3 +37,28 @@ def strided_layout(op: str, *tensors: torch.Tensor) -> tuple[tuple[int, ...], li
     if not shape:  # a single element
         return (1,), [(1,)] * len(tensors)
     return tuple(shape), [tuple(s) for s in strides]
+
+
+TMA_ALIGN = 16  # bytes: TMA's unit of base address and stride
+TMA_MAX_STRIDE = 2**40  # bytes: TMA strides stay below
+
+
+def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """(batch, head, sequence) strides in elements of a (B, H, T, D) tensor as a TMA descriptor
+    takes them (the head dim of stride 1 innermost), or None if TMA cannot read it.
+
+    Strides must be positive multiples of 16 bytes below 2^40 bytes and the base 16-byte aligned; a
+    dim of extent 1 is never stepped over, so its stride is replaced by a legal one (the extent of
+    the dims inside it, rounded up to 16 bytes)."""
+    if t.stride(-1) != 1 or t.data_ptr() % TMA_ALIGN:
+        return None
+    vec = TMA_ALIGN // t.element_size()
+    B, H, T, D = t.shape
+    s_b, s_h, s_t = t.stride()[:3]
+    s_t = s_t if T > 1 else D
+    s_h = s_h if H > 1 else s_t * T
+    s_b = s_b if B > 1 else s_h * H
+    s_t, s_h, s_b = (-(-s // vec) * vec if n == 1 else s for s, n in ((s_t, T), (s_h, H), (s_b, B)))
+    if any(s % vec or not 0 < s * t.element_size() < TMA_MAX_STRIDE for s in (s_b, s_h, s_t)):
+        return None
+    return s_b, s_h, s_t

@@ -73,9 +73,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from .._layout import tma_strides
 from . import _compile
 from ._attention_fwd import head_tensor, mn_view, row_tensor
-from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, tma_strides, wgmma
+from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, wgmma
 from ._attention_fwd_sm90 import supports as forward_supports
 from ._reduce import sm_count
 

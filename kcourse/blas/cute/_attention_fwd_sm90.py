@@ -77,6 +77,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .._layout import tma_strides
 from . import _compile
 from ._attention_fwd import _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
 from ._reduce import sm_count
@@ -84,30 +85,11 @@ from ._reduce import sm_count
 LN2 = math.log(2.0)
 VEC = 8  # 16 bytes of a 16-bit type: TMA's unit of address and stride
 HEAD_DIMS = (64, 128)
-_TMA_MAX_STRIDE = 2**39  # elements of 2 bytes: TMA strides stay below 2^40 bytes
 
 
 # ------------------------------------------------------------------------------------------------
-# Host side: which calls the kernel takes, and their TMA strides
+# Host side: which calls the kernel takes (their TMA strides: ``_layout.tma_strides``)
 # ------------------------------------------------------------------------------------------------
-def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
-    """(batch, head, sequence) strides of a (B, H, T, D) tensor as TMA takes them, or None if it cannot.
-
-    Strides must be positive multiples of 8 elements below 2^39; a dim of extent 1 is never stepped
-    over, so its stride is replaced by a legal one (the extent of the dims inside it)."""
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return None
-    B, H, T, D = t.shape
-    s_b, s_h, s_t = t.stride()[:3]
-    s_t = s_t if T > 1 else D
-    s_h = s_h if H > 1 else s_t * T
-    s_b = s_b if B > 1 else s_h * H
-    s_t, s_h, s_b = (-(-s // VEC) * VEC if n == 1 else s for s, n in ((s_t, T), (s_h, H), (s_b, B)))
-    if any(s % VEC or not 0 < s < _TMA_MAX_STRIDE for s in (s_b, s_h, s_t)):
-        return None
-    return s_b, s_h, s_t
-
-
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
     """True when this kernel computes the forward of these (B, H, T, D) operands: see the module docstring."""
     return (_compile.target() == "sm_90a" and q.dtype in (torch.float16, torch.bfloat16)

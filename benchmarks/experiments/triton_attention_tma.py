@@ -1,0 +1,93 @@
+"""Experiment (issue 3): the triton attention forward with its q, k, v and out tiles moved by TMA
+(``attention_fwd_tma_kernel``: host-side ``TensorDescriptor``s over the (B, H, T, D) tensors, boxes
+of (1, 1, rows, D)) against the pointer kernel (``attention_fwd_kernel``) and SDPA, in one run.
+bfloat16, 16 heads, B T = 16384, forward only, do_bench medians, TFLOP/s and SDPA's time / ours.
+
+    python benchmarks/experiments/triton_attention_tma.py OUT.json            # D = 64 and 128, T = 1k..16k
+    python benchmarks/experiments/triton_attention_tma.py OUT.json --sweep    # the config sweep, D = 128
+
+``--sweep`` autotunes the TMA kernel over the 28 configs Triton's fused-attention tutorial sweeps on
+Hopper (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps, no 8 warps below 128 x 128) at T = 1k,
+4k, 16k, causal and not, and prints the winner of each: how ``TMA_FWD_SIZES`` was chosen.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from kcourse.blas.triton import attention as A
+
+SWEEP = [(m, n, w, s) for m in (64, 128) for n in (32, 64, 128) for s in (2, 3, 4, 6) for w in (4, 8)
+         if not (m * n < 128 * 128 and w == 8)]
+
+
+def run_tma(kernel, q, k, v, causal, scale):
+    """The TMA forward of ``attention`` with ``kernel`` (an autotuned attention_fwd_tma_kernel)."""
+    B, H, Tq, D = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    kernel[lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), H, B)](
+        *A.tma_descriptors(q, k, v, out), lse, H // k.shape[1], Tq, k.shape[2], scale * A.LOG2E.value,
+        CAUSAL=causal, NEG_SCALE=False, **A._meta(q))
+    return out, lse
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    H, TOKENS, dt = 16, 16384, torch.bfloat16
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16", "H": H, "tokens": TOKENS}
+    print(json.dumps(meta), flush=True)
+    sweep = triton.autotune([triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s,
+                                           pre_hook=A._tma_block_shapes) for m, n, w, s in SWEEP],
+                            key=["Tq", "Tk", "HEAD_DIM", "CAUSAL"])(A.attention_fwd_tma_kernel.fn)
+    rows, start = [], time.time()
+    cases = ([(128, T) for T in (1024, 4096, 16384)] if args.sweep
+             else [(D, T) for D in (128, 64) for T in (1024, 2048, 4096, 8192, 16384)])
+    for D, T in cases:
+        for causal in (False, True):
+            B = TOKENS // T
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=dt) for _ in range(3))
+            scale = 1 / math.sqrt(D)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            def ours(tma):
+                A.USE_TMA = tma
+                try:
+                    return A.attention(q, k, v, causal, scale)[0]
+                finally:
+                    A.USE_TMA = True
+
+            fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                   "pointer": lambda: ours(False), "tma": lambda: ours(True)}
+            if args.sweep:
+                fns["tma sweep"] = lambda: run_tma(sweep, q, k, v, causal, scale)[0]
+            row = {"D": D, "T": T, "causal": causal}
+            flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+            for name, fn in fns.items():
+                row[f"err {name}"] = (fn().float() - ref.float()).abs().max().item()
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                row[name] = [round(ms, 4), round(flops / ms / 1e9, 1)]
+            for name in fns:
+                row[name].append(round(row["sdpa"][0] / row[name][0], 3))
+            row["configs"] = {"pointer": str(A.attention_fwd_kernel.best_config),
+                              "tma": str(A.attention_fwd_tma_kernel.best_config)}
+            if args.sweep:
+                row["configs"]["tma sweep"] = str(sweep.best_config)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "seconds": round(time.time() - start)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
