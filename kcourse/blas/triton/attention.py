@@ -33,7 +33,7 @@ On Hopper the 16-bit forward at D = 128 (and D = 64 under the causal mask) runs
 descriptors of the (B, H, T, D) tensors, boxes of (1, 1, rows, D)): the copy engine computes the
 addresses and zero-fills rows past T, so the loads need no masks, and Triton pipelines the
 descriptor loads through shared memory. With its own configs (128 query rows on one warpgroup win
-from T = 1k to 16k) it is 1.05-1.16x the pointer kernel's speed at D = 128 on an H100.
+from T = 1k to 16k) it is 1.06-1.16x the pointer kernel's speed at D = 128 on an H100.
 Details worth reading the kernels for:
   - exponentials are exp2 with the scale folded in (c log2 e), as the hardware has exp2; on
     unmasked tiles the row max of c S is c times the row max of S (the min when c < 0), so each
@@ -103,7 +103,7 @@ else:
                                    (16, 32, 4, 2)])}
     DQ_CONFIGS = {64: _configs([(128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
                   128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
-# The TMA forward (Hopper, 16-bit, D = 64 or 128): the winners of a 28-config sweep at D = 128
+# The TMA forward (Hopper, 16-bit, D = 128, or 64 with the causal mask): the winners of a 28-config sweep at D = 128
 # (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps; benchmarks/experiments/triton_attention_tma.py,
 # H100) and their neighbours; 128 query rows on 4 warps (one warpgroup) win from T = 1k to 16k.
 TMA_FWD_SIZES = [(128, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3)]
@@ -484,7 +484,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
     args = (H // k.shape[1], Tq, Tk, scale * LOG2E.value)
     # TMA where it measured faster (H100, bfloat16, T = 1k-16k; benchmarks/experiments/triton_attention_tma.py):
-    # D = 128 at 1.05-1.16x the pointer kernel's speed, D = 64 causal 1.00-1.06x; D = 64 without the
+    # D = 128 at 1.06-1.16x the pointer kernel's speed, D = 64 causal 1.00-1.06x; D = 64 without the
     # mask 0.97-1.01x: the pointer kernel there
     descriptors = tma_descriptors(q, k, v, out) if tma_device(q) and (causal or D == 128) else None
     if descriptors is not None:  # Hopper: the tiles move by TMA
