@@ -47,7 +47,6 @@ keep out before a run and put it back after. The tuned configs are readable as
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 
@@ -58,7 +57,7 @@ from triton.runtime.errors import OutOfResources
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import INTERPRET, sm_count
+from ._launch import INTERPRET, is_hopper, sm_count
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -275,17 +274,12 @@ def tma_layout(x: torch.Tensor, batch: int):
     return cols_unit, batched
 
 
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
 def tma_plan(A, B, out):
     """(A k-contiguous, A batched, B k-contiguous, B batched) for the (batch, m, k) A, (batch, k, n)
     B and (batch, m, n) out when this kernel takes them, else None: float16/bfloat16 on an sm_90 GPU
     (never under the interpreter), k > 0, sizes below 2^31, every operand TMA-readable and out
     n-contiguous."""
-    if INTERPRET or A.dtype not in (torch.float16, torch.bfloat16) or not A.is_cuda or not _is_hopper(A.device.index):
+    if INTERPRET or A.dtype not in (torch.float16, torch.bfloat16) or not A.is_cuda or not is_hopper(A.device.index):
         return None
     return tma_layouts(A, B, out)
 

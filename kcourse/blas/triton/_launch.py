@@ -34,6 +34,12 @@ def _sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def is_hopper(index: int | None) -> bool:
+    """Whether CUDA device ``index`` is a Hopper GPU (sm_90), where the TMA kernels' configs were tuned."""
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
 # Triton's interpreter runs a tl.reduce with a Python combine function one element pair at a time
 # (seconds for a test-sized tile): there, sum_pair is two tl.sum calls.
 _FUSED_SUMS = tl.constexpr(not INTERPRET)

@@ -53,7 +53,6 @@ Details worth reading the kernels for:
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -62,7 +61,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._layout import tma_strides
-from ._launch import INTERPRET
+from ._launch import INTERPRET, is_hopper
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
@@ -451,15 +450,10 @@ def _grid(T: int, B: int, H: int, block: str):
     return lambda meta: (triton.cdiv(T, meta[block]), H, B)
 
 
-@functools.cache
-def _is_hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
 def tma_device(q: torch.Tensor) -> bool:
     """Whether the forward may take the TMA kernel on q's device: a Hopper GPU (its configs were
     tuned there), never under the interpreter (tests call the kernel there by patching this)."""
-    return USE_TMA and q.is_cuda and not INTERPRET and _is_hopper(q.device.index)
+    return USE_TMA and q.is_cuda and not INTERPRET and is_hopper(q.device.index)
 
 
 def tma_descriptors(*tensors: torch.Tensor):
