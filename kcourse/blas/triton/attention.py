@@ -67,6 +67,8 @@ LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
 TMA_HEAD_DIMS = (64, 128)  # the head dims the TMA forward takes
 USE_TMA = True  # False: the pointer forward everywhere (measurements)
+USE_ATOMIC_DQ = False  # True: the one-pass backward where `backward_atomic` allows (measurements: slower)
+TMA_DKDV = False  # True: the two-kernel backward's dK, dV kernel reads by TMA on Hopper (measurements)
 
 
 def _configs(sizes, pre_hook=None):
@@ -76,10 +78,16 @@ def _configs(sizes, pre_hook=None):
 
 
 def _tma_block_shapes(nargs):
-    """A TMA config's pre_hook: the descriptors' boxes, one (1, 1, rows, D) tile of a (B, H, T, D) tensor."""
-    m, n, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_D"]
-    nargs["Q"].block_shape = nargs["O"].block_shape = [1, 1, m, d]
-    nargs["K"].block_shape = nargs["V"].block_shape = [1, 1, n, d]
+    """A config's pre_hook: the boxes of the arguments that are TMA descriptors, each one (1, 1, rows, D)
+    tile of a (B, H, T, D) tensor, BLOCK_M rows of the query side (Q, O, DO, DQ), BLOCK_N of K, V; and
+    the dQ accumulator of the backward's atomic adds zeroed before each launch (the autotuner's trial
+    runs included)."""
+    for name, rows in (("Q", "BLOCK_M"), ("O", "BLOCK_M"), ("DO", "BLOCK_M"), ("DQ", "BLOCK_M"),
+                       ("K", "BLOCK_N"), ("V", "BLOCK_N")):
+        if isinstance(nargs.get(name), TensorDescriptor):
+            nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
+    if nargs.get("ATOMIC_DQ"):
+        nargs["DQ"].base.zero_()
 
 
 # Autotuned tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), one list for head dims up to 64 and one
@@ -90,16 +98,16 @@ def _tma_block_shapes(nargs):
 # config with several tiles per row of a test-sized problem.
 if INTERPRET:
     FWD_CONFIGS = DQ_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)]))
-    DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)]))
+    DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)], _tma_block_shapes))
 else:
     FWD_CONFIGS = {64: _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (256, 64, 16, 3),
                                  (256, 128, 16, 2), (64, 64, 4, 3), (64, 32, 4, 2)]),
                    128: _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (256, 64, 16, 2),
                                   (256, 64, 16, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
     DKDV_CONFIGS = {64: _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 2),
-                                  (16, 32, 4, 2)]),
+                                  (16, 32, 4, 2)], _tma_block_shapes),
                     128: _configs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 4, 2),
-                                   (16, 32, 4, 2)])}
+                                   (16, 32, 4, 2)], _tma_block_shapes)}
     DQ_CONFIGS = {64: _configs([(128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
                   128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
 # The TMA forward (Hopper, 16-bit, D = 128, or 64 with the causal mask): the winners of a 28-config sweep at D = 128
@@ -123,13 +131,14 @@ def tiles_that_fit(configs, args, **kwargs):
     return fit or configs[-1:]
 
 
-def _autotune(table):
-    """Autotune over ``table[64]`` for head dims up to 64 (BLOCK_D <= 64), ``table[128]`` above."""
+def _autotune(table, key=()):
+    """Autotune over ``table[64]`` for head dims up to 64 (BLOCK_D <= 64), ``table[128]`` above;
+    ``key``: the kernel's own arguments the choice also depends on."""
     def prune(configs, args, **kwargs):
         return tiles_that_fit(table[64 if kwargs["BLOCK_D"] <= 64 else 128], args, **kwargs)
 
     union = table[64] + [c for c in table[128] if c not in table[64]]
-    return triton.autotune(configs=union, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION"],
+    return triton.autotune(configs=union, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION", *key],
                            prune_configs_by={"early_config_prune": prune})
 
 
@@ -323,14 +332,29 @@ def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, Tq,
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, cols, Tq, qk_scale, lo, hi,
+def cast_kernel(X, Y, n, BLOCK: tl.constexpr):
+    # y <- x in y's dtype (the float32 dQ accumulator into dq), flat, contiguous
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n).to(Y.dtype.element_ty), mask=i < n)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h, stride_qt, stride_qd, cols, Tq, qk_scale, sm_scale, lo, hi,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, MASK: tl.constexpr):
-    # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed
+                BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed.
+    # LSE, DELTA: query head h's rows; Q, DO: h's rows too, or with TMA descriptors of (B, H, Tq, D)
+    # read at (b, h); DQ (ATOMIC_DQ, TMA only): a descriptor of the float32 (B, H, Tq, D) accumulator
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
-        do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
+        if TMA:  # rows past Tq arrive as zeros
+            q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+            do = DO.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+            if UPCAST:
+                q, do = q.to(tl.float32), do.to(tl.float32)
+        else:
+            q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
+            do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
         lse = tl.load(LSE + rows, mask=rows < Tq, other=float("inf")) * LOG2E  # padded rows: P = 0
         delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M): S^T, unscaled
@@ -339,25 +363,39 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, cols, Tq,
             p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # P^T dO
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M): (dO v^T)^T
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)  # dS^T q
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)  # dS^T q
+        if ATOMIC_DQ:  # this key tile's share of dQ = c dS k, added in L2 by the copy engine (TMA reduce);
+            # padded key rows of k are zeros and add nothing, the rows past Tq are dropped
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION) * sm_scale  # (BLOCK_M, BLOCK_D)
+            DQ.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
     return dk, dv
 
 
-@_autotune(DKDV_CONFIGS)
+@_autotune(DKDV_CONFIGS, key=("TMA", "ATOMIC_DQ"))
 @triton.jit
-def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
+def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
                           svb, svh, svt, svd, GROUP, Tq, Tk, qk_scale, sm_scale,
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, do: (B, H, Tq, HEAD_DIM), do contiguous; k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv;
+                          PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # q, do: (B, H, Tq, HEAD_DIM), do contiguous (with TMA: descriptors of both, and DQ one of the
+    # float32 dQ accumulator when ATOMIC_DQ); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv;
     # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM) contiguous
     start_n = tl.program_id(0) * BLOCK_N
-    hk, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    hk, b = tl.program_id(1), tl.program_id(2)
     Hkv = tl.num_programs(1)
     cols = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices
-    k = _load_rows(K + b * skb + hk * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_N, BLOCK_D)
-    v = _load_rows(V + b * svb + hk * svh, cols, Tk, svt, svd, HEAD_DIM, BLOCK_D, UPCAST, True)
+    if TMA:  # key rows past Tk arrive as zeros
+        k = K.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = V.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        if UPCAST:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+    else:
+        k = _load_rows(K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D,
+                       UPCAST, True)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh, cols, Tk, svt, svd, HEAD_DIM, BLOCK_D,
+                       UPCAST, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if CAUSAL:  # query tiles before [lo, mid) see none of these keys, tiles after see all of them
@@ -368,15 +406,18 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
         mid = 0
     for g in range(GROUP):  # the query heads that read this kv head
         h = hk * GROUP + g
-        q_ptr = Q + b * sqb + h * sqh
-        do_ptr = DO + (b * Hkv * GROUP + h) * Tq * HEAD_DIM
-        lse_ptr = LSE + (b * Hkv * GROUP + h) * Tq
-        delta_ptr = DELTA + (b * Hkv * GROUP + h) * Tq
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqd, cols, Tq, qk_scale,
-                             lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqd, cols, Tq, qk_scale,
-                             mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False)
-    out = (b * Hkv + hk) * Tk * HEAD_DIM
+        row0 = (b.to(tl.int64) * Hkv * GROUP + h) * Tq  # h's first row in lse, delta (and do)
+        if TMA:
+            q_at, do_at = Q, DO
+        else:
+            q_at, do_at = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, DO + row0 * HEAD_DIM
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, DQ, b, h, sqt, sqd, cols, Tq,
+                             qk_scale, sm_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA,
+                             ATOMIC_DQ)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, DQ, b, h, sqt, sqd, cols, Tq,
+                             qk_scale, sm_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA,
+                             ATOMIC_DQ)
+    out = (b.to(tl.int64) * Hkv + hk) * Tk * HEAD_DIM
     _store_rows(DK + out, dk * sm_scale, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DV + out, dv, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
 
@@ -456,9 +497,16 @@ def tma_device(q: torch.Tensor) -> bool:
     return USE_TMA and q.is_cuda and not INTERPRET and is_hopper(q.device.index)
 
 
+def backward_atomic(q: torch.Tensor) -> bool:
+    """Whether the backward may take its one-pass kernel, dQ summed by TMA atomic adds: on a Hopper GPU
+    (as ``tma_device``), unless ``torch.use_deterministic_algorithms(True)`` (the adds' order varies
+    from run to run, and with it the last bits of dq). Never under the interpreter, which has no TMA reduce."""
+    return USE_ATOMIC_DQ and not INTERPRET and tma_device(q) and not torch.are_deterministic_algorithms_enabled()
+
+
 def tma_descriptors(*tensors: torch.Tensor):
-    """TMA descriptors of (B, H, T, D) tensors the TMA forward can read (16-bit, D = 64 or 128,
-    ``_layout.tma_strides``), or None; the config's pre_hook sets the boxes."""
+    """TMA descriptors of (B, H, T, D) tensors (``_layout.tma_strides``) when the first is 16-bit with
+    D = 64 or 128 and TMA can read them all, else None; the config's pre_hook sets the boxes."""
     if tensors[0].dtype not in (torch.float16, torch.bfloat16) or tensors[0].shape[-1] not in TMA_HEAD_DIMS:
         return None
     strides = [tma_strides(t) for t in tensors]
@@ -492,8 +540,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
-    """``(dq, dk, dv)``, each None where ``needs`` says no. Recomputes P from lse; dK and dV are
-    computed together when either is needed."""
+    """``(dq, dk, dv)``, each None where ``needs`` says no. Recomputes P from lse. On Hopper, for 16-bit
+    D = 64 / 128 when all are needed and not in deterministic mode: one pass for all three, dQ summed
+    across key tiles by TMA atomic adds (``backward_atomic``); otherwise the dQ kernel (with delta)
+    then the dK, dV kernel (dK and dV computed together when either is needed)."""
     q, k, v, out, lse = cache
     meta = _meta(q)
     B, H, Tq, D = q.shape
@@ -504,6 +554,21 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     strides = (*q.stride(), *k.stride(), *v.stride())
     args = (H // Hkv, Tq, Tk, scale * LOG2E.value, scale)
     delta = torch.empty_like(lse)
+    if needs[0] and (needs[1] or needs[2]) and backward_atomic(q):
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        accumulator = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # zeroed by the pre_hook
+        descriptors = tma_descriptors(q, k, v, dout, accumulator)
+        if descriptors is not None:
+            dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # contiguous, whatever k, v are
+            dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
+                                                               BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
+            Q, K, V, DO, DQ = descriptors
+            attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](Q, K, V, DO, lse, delta, DQ, dk, dv, *strides, *args,
+                                                                 CAUSAL=causal, TMA=True, ATOMIC_DQ=True, **meta)
+            n = accumulator.numel()
+            cast_kernel[(triton.cdiv(n, 4096),)](accumulator, dq, n, BLOCK=4096)
+            return dq, dk if needs[1] else None, dv if needs[2] else None
     dq = dk = dv = None
     if needs[0]:  # the dQ kernel computes delta on the way
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -515,6 +580,9 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q, k, v, dout, lse, delta, dk, dv, *strides, *args,
-                                                             CAUSAL=causal, **meta)
+        descriptors = tma_descriptors(q, k, v, dout) if TMA_DKDV and tma_device(q) else None
+        tensors = descriptors or (q, k, v, dout)
+        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](*tensors[:3], tensors[3], lse, delta, None, dk, dv, *strides,
+                                                             *args, CAUSAL=causal, TMA=descriptors is not None,
+                                                             ATOMIC_DQ=False, **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None
