@@ -161,29 +161,29 @@ def test_gradcheck(backend_name, causal):
     assert torch.autograd.gradcheck(lambda *t: blas.attention(*t, causal=causal, backend=backend_name), (q, k, v))
 
 
-# The triton forward's TMA kernel (Hopper, 16-bit, D = 128, or 64 when causal): (B, H, Hkv, Tq, Tk, D, layout,
-# causal) with tails in both sequences, grouped-query heads, Tq != Tk both ways, one token (extent-1
+# The triton TMA kernels (Hopper, 16-bit; the forward at D = 128, or 64 when causal, the backward at D = 64
+# and 128): (B, H, Hkv, Tq, Tk, D, layout, causal) with tails in both sequences, grouped-query heads, Tq != Tk both ways, one token (extent-1
 # dims, whose strides TMA is given legal values for), (B, T, H, D) views and a zero scale
 TMA_CASES = [((2, 4, 2, 37, 37, 64), "contiguous", True), ((1, 2, 2, 50, 70, 128), "bthd", False),
              ((2, 2, 1, 33, 17, 128), "contiguous", True), ((1, 1, 1, 1, 1, 64), "contiguous", True),
-             ((1, 2, 1, 19, 40, 128), "bthd", True)]
+             ((1, 2, 1, 19, 40, 128), "bthd", True), ((1, 4, 2, 45, 29, 64), "bthd", False)]
 
 
 @pytest.mark.parametrize("case", TMA_CASES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_triton_tma_forward(dtype, case, monkeypatch):
-    """The forward through TMA descriptors (on a CPU, the interpreter runs it: tma_device patched),
-    its out and, through the backward's use of lse, the gradients, against the reference."""
+def test_triton_tma(dtype, case, monkeypatch):
+    """The kernels through TMA descriptors, forward, dQ and dK/dV (on a CPU the interpreter runs them:
+    tma_device patched): out and the gradients against the reference, and each gradient alone."""
     require_backend("triton")
     from kcourse.blas.triton import attention as A
 
     if not DEVICE.startswith("cuda"):
         monkeypatch.setattr(A, "tma_device", lambda q: True)
     elif not A.tma_device(torch.empty(0, device=DEVICE)):
-        pytest.skip("the TMA forward runs on Hopper GPUs (or the interpreter)")
+        pytest.skip("the TMA kernels run on Hopper GPUs (or the interpreter)")
     taken, real = [], A.tma_descriptors
 
-    def spy(*tensors):  # the descriptors the forward built (None: it fell back to the pointer kernel)
+    def spy(*tensors):  # the descriptors a launcher built (None: it fell back to the pointer kernels)
         taken.append(real(*tensors))
         return taken[-1]
 
@@ -192,9 +192,18 @@ def test_triton_tma_forward(dtype, case, monkeypatch):
     q, k, v = qkv(B, H, Hkv, Tq, Tk, D, dtype, layout)
     dout = randn(B, H, Tq, D, dtype=dtype)
     result = forward_backward(kcourse_attention("triton", causal=causal), q, k, v, dout)
-    assert taken and all(d is not None for d in taken)
+    # the backward's descriptors, and the forward's where it takes TMA (not at D = 64 without the mask)
+    assert len(taken) == 1 + (causal or D == 128) and all(d is not None for d in taken)
     assert_matches(result, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))
     assert_matches(result, sdpa(q, k, v, dout, causal))
+    for wanted in [(True, False, False), (False, True, True)]:  # the dQ kernel alone, the dK/dV kernel alone
+        inputs = [t.detach().requires_grad_(w) for t, w in zip((q, k, v), wanted)]
+        blas.attention(*inputs, causal=causal, backend="triton").backward(dout)
+        for t, w, g in zip(inputs, wanted, result[1]):
+            if w:
+                assert_close(t.grad, g, k=GRAD_K)
+            else:
+                assert t.grad is None
     zero = [kcourse_attention(backend, causal=causal, scale=0.0) for backend in ("triton", "python")]
     assert_close(*(attend(q, k, v) for attend in zero))  # a zero scale: means of v's rows (SDPA: NaN if causal)
 

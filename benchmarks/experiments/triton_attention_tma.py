@@ -1,10 +1,15 @@
 """Experiment (issue 3): the triton attention forward with its q, k, v and out tiles moved by TMA
 (``attention_fwd_tma_kernel``: host-side ``TensorDescriptor``s over the (B, H, T, D) tensors, boxes
 of (1, 1, rows, D)) against the pointer kernel (``attention_fwd_kernel``) and SDPA, in one run.
-bfloat16, 16 heads, B T = 16384, forward only, do_bench medians, TFLOP/s and SDPA's time / ours.
+bfloat16, 16 heads, B T = 16384, do_bench medians, TFLOP/s and SDPA's time / ours.
 
-    python benchmarks/experiments/triton_attention_tma.py OUT.json            # D = 64 and 128, T = 1k..16k
-    python benchmarks/experiments/triton_attention_tma.py OUT.json --sweep    # the config sweep, D = 128
+    python benchmarks/experiments/triton_attention_tma.py OUT.json              # D = 64 and 128, T = 1k..16k
+    python benchmarks/experiments/triton_attention_tma.py OUT.json --sweep      # the config sweep, D = 128
+    python benchmarks/experiments/triton_attention_tma.py OUT.json --backward   # the backward's kernels
+
+``--backward`` times the backward (from one forward's cache, as autograd runs it) with the dQ and
+the dK/dV kernels each reading by pointer or by TMA (``TMA=True``: q, k, v, dO as descriptors):
+pointer/pointer, pointer/TMA, TMA/TMA.
 
 ``--sweep`` autotunes the TMA kernel over the 28 configs Triton's fused-attention tutorial sweeps on
 Hopper (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps, no 8 warps below 128 x 128) at T = 1k,
@@ -37,11 +42,69 @@ def run_tma(kernel, q, k, v, causal, scale):
     return out, lse
 
 
+def backward(dout, cache, causal, scale, tma_dq, tma_dkdv):
+    """``attention_backward`` for all three gradients with each kernel's TMA choice given."""
+    q, k, v, out, lse = cache
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    meta, strides = A._meta(q), (*q.stride(), *k.stride(), *v.stride())
+    args = (H // Hkv, Tq, Tk, scale * A.LOG2E.value, scale)
+    descriptors = A.tma_descriptors(q, k, v, dout)
+    dq, delta = torch.empty_like(q), torch.empty_like(lse)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)  # k, v contiguous here
+    q_, k_, v_, dout_ = descriptors if tma_dq else (q, k, v, dout)
+    A.attention_dq_kernel[A._grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
+                                                         *out.stride(), *args, CAUSAL=causal, TMA=tma_dq, **meta)
+    q_, k_, v_, dout_ = descriptors if tma_dkdv else (q, k, v, dout)
+    A.attention_dkdv_kernel[A._grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides, *args,
+                                                             CAUSAL=causal, TMA=tma_dkdv, **meta)
+    return dq, dk, dv
+
+
+def main_backward(out_path):
+    H, TOKENS, dt = 16, 16384, torch.bfloat16
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16", "H": H, "tokens": TOKENS, "backward": True}
+    print(json.dumps(meta), flush=True)
+    variants = {"pointer": (False, False), "dkdv tma": (False, True), "tma": (True, True)}
+    rows, start = [], time.time()
+    for D in (128, 64):
+        for T in (1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                B = TOKENS // T
+                torch.manual_seed(0)
+                q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", dtype=dt) for _ in range(4))
+                scale = 1 / math.sqrt(D)
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                o = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+                cache = A.attention(q, k, v, causal, scale)[1]
+                fns = {"sdpa": lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)}
+                fns.update({name: (lambda t=t: backward(dout, cache, causal, scale, *t)) for name, t in variants.items()})
+                expected = fns["pointer"]()
+                row = {"D": D, "T": T, "causal": causal}
+                flops = 2.5 * 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+                for name, fn in fns.items():
+                    if name in variants:  # max |ours - pointer| / max |pointer| over dq, dk, dv (tiles may differ)
+                        row[f"err {name}"] = max(((a - b).abs().max() / b.abs().max()).item()
+                                                 for a, b in zip(fn(), expected))
+                    ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    row[name] = [round(ms, 4), round(flops / ms / 1e9, 1)]
+                for name in fns:
+                    row[name].append(round(row["sdpa"][0] / row[name][0], 3))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "seconds": round(time.time() - start)}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--backward", action="store_true")
     args = parser.parse_args()
+    if args.backward:
+        return main_backward(args.out)
     H, TOKENS, dt = 16, 16384, torch.bfloat16
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16", "H": H, "tokens": TOKENS}

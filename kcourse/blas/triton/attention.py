@@ -33,7 +33,8 @@ On Hopper the 16-bit forward at D = 128 (and D = 64 under the causal mask) runs
 descriptors of the (B, H, T, D) tensors, boxes of (1, 1, rows, D)): the copy engine computes the
 addresses and zero-fills rows past T, so the loads need no masks, and Triton pipelines the
 descriptor loads through shared memory. With its own configs (128 query rows on one warpgroup win
-from T = 1k to 16k) it is 1.06-1.16x the pointer kernel's speed at D = 128 on an H100.
+from T = 1k to 16k) it is 1.06-1.16x the pointer kernel's speed at D = 128 on an H100. The two
+backward kernels take the same descriptors there (``TMA=True``, 16-bit D = 64 and 128): 1.00-1.14x.
 Details worth reading the kernels for:
   - exponentials are exp2 with the scale folded in (c log2 e), as the hardware has exp2; on
     unmasked tiles the row max of c S is c times the row max of S (the min when c < 0), so each
@@ -67,27 +68,20 @@ LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
 TMA_HEAD_DIMS = (64, 128)  # the head dims the TMA forward takes
 USE_TMA = True  # False: the pointer forward everywhere (measurements)
-USE_ATOMIC_DQ = False  # True: the one-pass backward where `backward_atomic` allows (measurements: slower)
-TMA_DKDV = False  # True: the two-kernel backward's dK, dV kernel reads by TMA on Hopper (measurements)
-
-
-def _configs(sizes, pre_hook=None):
-    """triton.Config objects from (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
-            for m, n, w, s in sizes]
 
 
 def _tma_block_shapes(nargs):
-    """A config's pre_hook: the boxes of the arguments that are TMA descriptors, each one (1, 1, rows, D)
-    tile of a (B, H, T, D) tensor, BLOCK_M rows of the query side (Q, O, DO, DQ), BLOCK_N of K, V; and
-    the dQ accumulator of the backward's atomic adds zeroed before each launch (the autotuner's trial
-    runs included)."""
-    for name, rows in (("Q", "BLOCK_M"), ("O", "BLOCK_M"), ("DO", "BLOCK_M"), ("DQ", "BLOCK_M"),
-                       ("K", "BLOCK_N"), ("V", "BLOCK_N")):
+    """Every config's pre_hook: the boxes of the arguments that are TMA descriptors, each one (1, 1, rows, D)
+    tile of a (B, H, T, D) tensor, BLOCK_M rows of the query side (Q, O, DO), BLOCK_N of K, V."""
+    for name, rows in (("Q", "BLOCK_M"), ("O", "BLOCK_M"), ("DO", "BLOCK_M"), ("K", "BLOCK_N"), ("V", "BLOCK_N")):
         if isinstance(nargs.get(name), TensorDescriptor):
             nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
-    if nargs.get("ATOMIC_DQ"):
-        nargs["DQ"].base.zero_()
+
+
+def _configs(sizes):
+    """triton.Config objects from (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=_tma_block_shapes)
+            for m, n, w, s in sizes]
 
 
 # Autotuned tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), one list for head dims up to 64 and one
@@ -98,24 +92,23 @@ def _tma_block_shapes(nargs):
 # config with several tiles per row of a test-sized problem.
 if INTERPRET:
     FWD_CONFIGS = DQ_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)]))
-    DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)], _tma_block_shapes))
+    DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)]))
 else:
     FWD_CONFIGS = {64: _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (256, 64, 16, 3),
                                  (256, 128, 16, 2), (64, 64, 4, 3), (64, 32, 4, 2)]),
                    128: _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (256, 64, 16, 2),
                                   (256, 64, 16, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
     DKDV_CONFIGS = {64: _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 2),
-                                  (16, 32, 4, 2)], _tma_block_shapes),
+                                  (16, 32, 4, 2)]),
                     128: _configs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 4, 2),
-                                   (16, 32, 4, 2)], _tma_block_shapes)}
+                                   (16, 32, 4, 2)])}
     DQ_CONFIGS = {64: _configs([(128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
                   128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
 # The TMA forward (Hopper, 16-bit, D = 128, or 64 with the causal mask): the winners of a 28-config sweep at D = 128
 # (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps; benchmarks/experiments/triton_attention_tma.py,
 # H100) and their neighbours; 128 query rows on 4 warps (one warpgroup) win from T = 1k to 16k.
 TMA_FWD_SIZES = [(128, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3)]
-TMA_FWD_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)] if INTERPRET else TMA_FWD_SIZES,
-                                                   pre_hook=_tma_block_shapes))
+TMA_FWD_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)] if INTERPRET else TMA_FWD_SIZES))
 
 
 
@@ -332,19 +325,12 @@ def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, Tq,
 
 
 @triton.jit
-def cast_kernel(X, Y, n, BLOCK: tl.constexpr):
-    # y <- x in y's dtype (the float32 dQ accumulator into dq), flat, contiguous
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(Y + i, tl.load(X + i, mask=i < n).to(Y.dtype.element_ty), mask=i < n)
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h, stride_qt, stride_qd, cols, Tq, qk_scale, sm_scale, lo, hi,
+def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, cols, Tq, qk_scale, lo, hi,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed.
     # LSE, DELTA: query head h's rows; Q, DO: h's rows too, or with TMA descriptors of (B, H, Tq, D)
-    # read at (b, h); DQ (ATOMIC_DQ, TMA only): a descriptor of the float32 (B, H, Tq, D) accumulator
+    # read at (b, h)
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         if TMA:  # rows past Tq arrive as zeros
@@ -363,24 +349,20 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h, stride_qt, stride_qd,
             p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # P^T dO
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M): (dO v^T)^T
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)  # dS^T q
-        if ATOMIC_DQ:  # this key tile's share of dQ = c dS k, added in L2 by the copy engine (TMA reduce);
-            # padded key rows of k are zeros and add nothing, the rows past Tq are dropped
-            dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION) * sm_scale  # (BLOCK_M, BLOCK_D)
-            DQ.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)  # dS^T q
     return dk, dv
 
 
-@_autotune(DKDV_CONFIGS, key=("TMA", "ATOMIC_DQ"))
+@_autotune(DKDV_CONFIGS, key=("TMA",))
 @triton.jit
-def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
+def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
                           svb, svh, svt, svd, GROUP, Tq, Tk, qk_scale, sm_scale,
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                          PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, do: (B, H, Tq, HEAD_DIM), do contiguous (with TMA: descriptors of both, and DQ one of the
-    # float32 dQ accumulator when ATOMIC_DQ); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv;
+    # q, do: (B, H, Tq, HEAD_DIM), do contiguous; k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv (with
+    # TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, and the strides go unused);
     # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM) contiguous
     start_n = tl.program_id(0) * BLOCK_N
     hk, b = tl.program_id(1), tl.program_id(2)
@@ -411,27 +393,32 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, sqb, sqh, sqt, sq
             q_at, do_at = Q, DO
         else:
             q_at, do_at = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, DO + row0 * HEAD_DIM
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, DQ, b, h, sqt, sqd, cols, Tq,
-                             qk_scale, sm_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA,
-                             ATOMIC_DQ)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, DQ, b, h, sqt, sqd, cols, Tq,
-                             qk_scale, sm_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA,
-                             ATOMIC_DQ)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, cols, Tq,
+                             qk_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, cols, Tq,
+                             qk_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA)
     out = (b.to(tl.int64) * Hkv + hk) * Tk * HEAD_DIM
     _store_rows(DK + out, dk * sm_scale, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DV + out, dv, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stride_vd, rows, Tk, qk_scale, lo, hi,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    # dq, q, do: (BLOCK_M, BLOCK_D); lse (log2 units), delta: (BLOCK_M,); without MASK every key of
-    # [lo, hi) is < Tk and the K, V loads take no row mask
+def _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, stride_kt, stride_kd, stride_vt, stride_vd, rows, Tk, qk_scale,
+              lo, hi, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
+    # dq, q, do: (BLOCK_M, BLOCK_D); lse (log2 units), delta: (BLOCK_M,); K, V: kv head hk's rows, or
+    # with TMA descriptors of (B, Hkv, Tk, D) read at (b, hk); without MASK every key of [lo, hi) is
+    # < Tk and the K, V loads take no row mask
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST, MASK)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST, MASK)
+        if TMA:  # key rows past Tk arrive as zeros (their P is masked all the same)
+            k = K.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = V.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
+        else:
+            k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST, MASK)  # (BLOCK_N, BLOCK_D)
+            v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST, MASK)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASK:
@@ -442,35 +429,44 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stri
     return dq
 
 
-@_autotune(DQ_CONFIGS)
+@_autotune(DQ_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
                         svb, svh, svt, svd, sob, soh, sot, sod, GROUP, Tq, Tk, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); do, dq: (B, H, Tq, HEAD_DIM)
-    # contiguous; lse: (B, H, Tq) float32. Writes delta (B, H, Tq) float32 too: its rows are this
-    # program's, and the dK, dV kernel reads it after.
+    # contiguous (with TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, their strides unused);
+    # lse: (B, H, Tq) float32. Writes delta (B, H, Tq) float32 too: its rows are this program's, and
+    # the dK, dV kernel reads it after.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    h, b = tl.program_id(1), tl.program_id(2)
     hk = h // GROUP
-    row0 = (b * tl.num_programs(1) + h) * Tq  # this head's first row in do, dq, lse, delta
+    row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in do, dq, lse, delta
     rows = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(Q + b * sqb + h * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST, True)
-    do = _load_rows(DO + row0 * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)
-    o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
+    if TMA:  # query rows past Tq arrive as zeros
+        q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        do = DO.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        if UPCAST:
+            q, do = q.to(tl.float32), do.to(tl.float32)
+    else:
+        q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D,
+                       UPCAST, True)  # (BLOCK_M, BLOCK_D)
+        do = _load_rows(DO + row0 * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)
+        K += b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+        V += b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    o = _load_rows(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
     delta = tl.sum(o * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(DELTA + row0 + rows, delta, mask=rows < Tq)
     lse = tl.load(LSE + row0 + rows, mask=rows < Tq, other=0.0) * LOG2E
-    K += b * skb + hk * skh
-    V += b * svb + hk * svh
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, end = _key_ranges(start_m, Tk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, 0, full,
-                   PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)
-    dq = _dq_tiles(dq, q, do, lse, delta, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
-                   PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)
+    dq = _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, skt, skd, svt, svd, rows, Tk, qk_scale, 0, full,
+                   PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
+    dq = _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
+                   PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
     _store_rows(DQ + row0 * HEAD_DIM, dq * sm_scale, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
 
 
@@ -492,16 +488,19 @@ def _grid(T: int, B: int, H: int, block: str):
 
 
 def tma_device(q: torch.Tensor) -> bool:
-    """Whether the forward may take the TMA kernel on q's device: a Hopper GPU (its configs were
-    tuned there), never under the interpreter (tests call the kernel there by patching this)."""
+    """Whether the TMA kernels may run on q's device: a Hopper GPU (their configs were tuned there),
+    never under the interpreter (tests call the kernels there by patching this)."""
     return USE_TMA and q.is_cuda and not INTERPRET and is_hopper(q.device.index)
 
 
-def backward_atomic(q: torch.Tensor) -> bool:
-    """Whether the backward may take its one-pass kernel, dQ summed by TMA atomic adds: on a Hopper GPU
-    (as ``tma_device``), unless ``torch.use_deterministic_algorithms(True)`` (the adds' order varies
-    from run to run, and with it the last bits of dq). Never under the interpreter, which has no TMA reduce."""
-    return USE_ATOMIC_DQ and not INTERPRET and tma_device(q) and not torch.are_deterministic_algorithms_enabled()
+def use_tma(q: torch.Tensor, causal: bool, backward: bool = False) -> bool:
+    """Whether the kernels take their TMA tiles (where ``tma_descriptors`` can make them, 16-bit, D = 64
+    or 128): on Hopper (``tma_device``) where they measured faster (H100, bfloat16, T = 1k-16k;
+    benchmarks/experiments/triton_attention_tma.py). The forward at D = 128 (1.06-1.16x the pointer
+    kernel's speed) and at D = 64 under the causal mask (1.00-1.06x; without it 0.97-1.01x: the pointer
+    kernel there). The backward, both kernels, everywhere: D = 128 1.00-1.09x, D = 64 causal 1.08-1.14x,
+    D = 64 without the mask 0.98-1.04x."""
+    return tma_device(q) and (backward or causal or q.shape[-1] == 128)
 
 
 def tma_descriptors(*tensors: torch.Tensor):
@@ -525,10 +524,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
     args = (H // k.shape[1], Tq, Tk, scale * LOG2E.value)
-    # TMA where it measured faster (H100, bfloat16, T = 1k-16k; benchmarks/experiments/triton_attention_tma.py):
-    # D = 128 at 1.06-1.16x the pointer kernel's speed, D = 64 causal 1.00-1.06x; D = 64 without the
-    # mask 0.97-1.01x: the pointer kernel there
-    descriptors = tma_descriptors(q, k, v, out) if tma_device(q) and (causal or D == 128) else None
+    descriptors = tma_descriptors(q, k, v, out) if use_tma(q, causal) else None
     if descriptors is not None:  # Hopper: the tiles move by TMA
         attention_fwd_tma_kernel[_grid(Tq, B, H, "BLOCK_M")](
             *descriptors, lse, *args, CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
@@ -540,10 +536,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
-    """``(dq, dk, dv)``, each None where ``needs`` says no. Recomputes P from lse. On Hopper, for 16-bit
-    D = 64 / 128 when all are needed and not in deterministic mode: one pass for all three, dQ summed
-    across key tiles by TMA atomic adds (``backward_atomic``); otherwise the dQ kernel (with delta)
-    then the dK, dV kernel (dK and dV computed together when either is needed)."""
+    """``(dq, dk, dv)``, each None where ``needs`` says no. Recomputes P from lse: the dQ kernel (with
+    delta), then the dK, dV kernel (dK and dV computed together when either is needed); on Hopper both
+    read their tiles by TMA (``use_tma``)."""
     q, k, v, out, lse = cache
     meta = _meta(q)
     B, H, Tq, D = q.shape
@@ -553,36 +548,21 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
                      for t, n in zip((q, k, v), needs))
     strides = (*q.stride(), *k.stride(), *v.stride())
     args = (H // Hkv, Tq, Tk, scale * LOG2E.value, scale)
+    descriptors = tma_descriptors(q, k, v, dout) if use_tma(q, causal, backward=True) else None
+    q_, k_, v_, dout_ = descriptors or (q, k, v, dout)  # what the kernels read: tensors or descriptors
     delta = torch.empty_like(lse)
-    if needs[0] and (needs[1] or needs[2]) and backward_atomic(q):
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        accumulator = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # zeroed by the pre_hook
-        descriptors = tma_descriptors(q, k, v, dout, accumulator)
-        if descriptors is not None:
-            dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # contiguous, whatever k, v are
-            dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-            attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
-                                                               BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
-            Q, K, V, DO, DQ = descriptors
-            attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](Q, K, V, DO, lse, delta, DQ, dk, dv, *strides, *args,
-                                                                 CAUSAL=causal, TMA=True, ATOMIC_DQ=True, **meta)
-            n = accumulator.numel()
-            cast_kernel[(triton.cdiv(n, 4096),)](accumulator, dq, n, BLOCK=4096)
-            return dq, dk if needs[1] else None, dv if needs[2] else None
     dq = dk = dv = None
     if needs[0]:  # the dQ kernel computes delta on the way
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q, k, v, out, dout, lse, delta, dq, *strides, *out.stride(),
-                                                         *args, CAUSAL=causal, **meta)
+        attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
+                                                         *out.stride(), *args, CAUSAL=causal,
+                                                         TMA=descriptors is not None, **meta)
     else:
         attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
                                                            BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        descriptors = tma_descriptors(q, k, v, dout) if TMA_DKDV and tma_device(q) else None
-        tensors = descriptors or (q, k, v, dout)
-        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](*tensors[:3], tensors[3], lse, delta, None, dk, dv, *strides,
-                                                             *args, CAUSAL=causal, TMA=descriptors is not None,
-                                                             ATOMIC_DQ=False, **meta)
+        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides, *args,
+                                                             CAUSAL=causal, TMA=descriptors is not None, **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None
