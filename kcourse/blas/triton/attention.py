@@ -154,6 +154,17 @@ def _load_rows(ptr, rows, n_rows, stride_t, stride_d, HEAD_DIM: tl.constexpr, BL
 
 
 @triton.jit
+def _load_tma_pair(X, Y, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """The (ROWS, BLOCK_D) tiles at rows [start, start + ROWS) of head h of batch b of two TMA
+    descriptors of (B, H, T, D) tensors; rows past T arrive as zeros."""
+    x = X.load([b, h, start, 0]).reshape(ROWS, BLOCK_D)
+    y = Y.load([b, h, start, 0]).reshape(ROWS, BLOCK_D)
+    if UPCAST:
+        x, y = x.to(tl.float32), y.to(tl.float32)
+    return x, y
+
+
+@triton.jit
 def _store_rows(ptr, tile, rows, n_rows, stride_t, stride_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     dims = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (dims[None, :] < HEAD_DIM)
@@ -334,10 +345,7 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, col
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         if TMA:  # rows past Tq arrive as zeros
-            q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-            do = DO.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-            if UPCAST:
-                q, do = q.to(tl.float32), do.to(tl.float32)
+            q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
         else:
             q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
             do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
@@ -369,10 +377,7 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
     Hkv = tl.num_programs(1)
     cols = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices
     if TMA:  # key rows past Tk arrive as zeros
-        k = K.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        v = V.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
+        k, v = _load_tma_pair(K, V, b, hk, start_n, BLOCK_N, BLOCK_D, UPCAST)
     else:
         k = _load_rows(K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D,
                        UPCAST, True)  # (BLOCK_N, BLOCK_D)
@@ -412,10 +417,7 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, stride_kt, stride_kd, stride_v
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         if TMA:  # key rows past Tk arrive as zeros (their P is masked all the same)
-            k = K.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = V.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
+            k, v = _load_tma_pair(K, V, b, hk, start_n, BLOCK_N, BLOCK_D, UPCAST)
         else:
             k = _load_rows(K, cols, Tk, stride_kt, stride_kd, HEAD_DIM, BLOCK_D, UPCAST, MASK)  # (BLOCK_N, BLOCK_D)
             v = _load_rows(V, cols, Tk, stride_vt, stride_vd, HEAD_DIM, BLOCK_D, UPCAST, MASK)
@@ -446,10 +448,7 @@ def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb,
     row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in do, dq, lse, delta
     rows = start_m + tl.arange(0, BLOCK_M)
     if TMA:  # query rows past Tq arrive as zeros
-        q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-        do = DO.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-        if UPCAST:
-            q, do = q.to(tl.float32), do.to(tl.float32)
+        q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
     else:
         q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D,
                        UPCAST, True)  # (BLOCK_M, BLOCK_D)
