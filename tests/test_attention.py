@@ -161,9 +161,10 @@ def test_gradcheck(backend_name, causal):
     assert torch.autograd.gradcheck(lambda *t: blas.attention(*t, causal=causal, backend=backend_name), (q, k, v))
 
 
-# The triton TMA kernels (Hopper, 16-bit; the forward at D = 128, or 64 when causal, the backward at D = 64
-# and 128): (B, H, Hkv, Tq, Tk, D, layout, causal) with tails in both sequences, grouped-query heads, Tq != Tk both ways, one token (extent-1
-# dims, whose strides TMA is given legal values for), (B, T, H, D) views and a zero scale
+# The triton TMA kernels (Hopper, 16-bit; the forward at D = 128, or 64 when causal, the backward at
+# D = 64 and 128): (B, H, Hkv, Tq, Tk, D, layout, causal) with tails in both sequences, grouped-query
+# heads, Tq != Tk both ways, one token (extent-1 dims, whose strides TMA is given legal values for),
+# (B, T, H, D) views and a zero scale
 TMA_CASES = [((2, 4, 2, 37, 37, 64), "contiguous", True), ((1, 2, 2, 50, 70, 128), "bthd", False),
              ((2, 2, 1, 33, 17, 128), "contiguous", True), ((1, 1, 1, 1, 1, 64), "contiguous", True),
              ((1, 2, 1, 19, 40, 128), "bthd", True), ((1, 4, 2, 45, 29, 64), "bthd", False)]
