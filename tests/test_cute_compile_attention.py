@@ -21,7 +21,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32  # noqa: E402
 from cutlass.cute.runtime import make_ptr  # noqa: E402
 
-from kcourse.blas.cute import _attention_fwd, _attention_fwd_sm90, _compile  # noqa: E402
+from kcourse.blas.cute import _attention_bwd_sm90, _attention_fwd, _attention_fwd_sm90, _compile  # noqa: E402
 from kcourse.blas.cute import attention as cute_attention  # noqa: E402
 from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E402
 from _cute import compiled_kernels  # noqa: E402
@@ -88,8 +88,10 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     # the Hopper kernels take 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
-        assert seen[0][1] == (dtype, D, causal, 128, not causal, causal, D == 128 and not causal), seen[0]
-        assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal), (dtype, D)], seen
+        fwd = _attention_fwd_sm90.config(D, causal, shape[3])
+        assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in ("persistent", "paired", "pingpong")))
+        paired = _attention_bwd_sm90.config(D, causal, shape[4])["paired"]
+        assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal, paired), (dtype, D)], seen
         if layout == "bthd":
             assert not cache[0].is_contiguous()
         return
@@ -133,7 +135,7 @@ def test_a_compiled_kernel_is_reused(monkeypatch):
 
 @pytest.mark.parametrize("causal, persistent, paired, pingpong",
                          [(False, False, False, False), (False, True, False, False), (False, False, False, True),
-                          (True, False, False, False)])
+                          (True, False, False, False), (True, True, True, False)])
 def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong):
     """The variants ``config`` does not pick for these sizes still build (longer sequences or the
     benchmarks take them)."""
@@ -144,13 +146,30 @@ def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong):
                                                paired=paired, pingpong=pingpong)
 
 
+@pytest.mark.parametrize("causal, persistent, paired",
+                         [(False, True, False), (True, False, True), (True, True, True)])
+def test_hopper_backward_variants_compile(causal, persistent, paired):
+    """The backward's work-unit variants (a persistent grid, paired key tiles) build."""
+    q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 300)
+    with _compile.compiling_only():
+        _attention_bwd_sm90.attention_bwd_sm90(q, q, q, q, q, lse, torch.empty_like(q), torch.empty_like(q),
+                                               torch.empty_like(q), causal, 0.1, persistent=persistent,
+                                               paired=paired)
+
+
 def test_hopper_forward_config():
-    """Causal CTAs take a pair of query tiles up to 32 tiles at D = 128 and 16 at D = 64 (measured);
-    without the mask the grid is persistent."""
+    """With the mask, pairs of query tiles on a persistent grid up to 64 query tiles, one CTA per tile
+    beyond; without it, single tiles on a persistent grid (measured); the backward likewise pairs
+    key tiles with the mask, up to 64."""
     config = _attention_fwd_sm90.config
-    assert config(128, True, 4096)["paired"] and not config(128, True, 4097)["paired"]
-    assert config(64, True, 2048)["paired"] and not config(64, True, 2049)["paired"]
-    assert not config(128, False, 100)["paired"] and config(128, False, 100)["persistent"]
+    for D in (64, 128):
+        assert config(D, True, 8192)["paired"] and config(D, True, 8192)["persistent"]
+        assert not config(D, True, 8193)["paired"] and not config(D, True, 8193)["persistent"]
+        assert not config(D, False, 100)["paired"] and config(D, False, 100)["persistent"]
+        backward = _attention_bwd_sm90.config
+        assert backward(D, True, 8192) == {"persistent": True, "paired": True}
+        assert backward(D, True, 8193) == backward(D, False, 100) == {"persistent": False, "paired": False}
 
 
 def test_hopper_forward_strides():

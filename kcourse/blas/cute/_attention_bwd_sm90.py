@@ -93,13 +93,20 @@ def supports(q, k, v, dout, scale: float) -> bool:
     return forward_supports(q, k, v, scale) and dout.dtype == q.dtype and tma_strides(dout) is not None
 
 
-def config(D: int, causal: bool) -> dict:
-    """The main kernel's variant. ``persistent``: one CTA per SM walking the work tiles bx, bx + grid,
-    ... (its producer loads the next tile's K, V, Q and dO during this tile's dK, dV stores), instead
-    of one CTA per work tile. Measured on an H100 (benchmarks/results/2026-11-22-cute-attention-bwd/
-    variants-persistent-h100.log): 0.91-1.03x without the mask, 0.68-0.92x with it (the static order
-    balances causal tiles badly), so neither case takes it."""
-    return {"persistent": False}
+def config(D: int, causal: bool, Tk: int) -> dict:
+    """The main kernel's variant. ``persistent``: one CTA per SM walking the work units bx, bx + grid,
+    ... (its producer loads the next unit's K, V, Q and dO during this one's dK, dV stores), instead
+    of one CTA per unit. ``paired``: a unit is two key tiles, n and n_blocks - 1 - n, which under the
+    causal mask see 2 n_blocks + 2 query tiles together (every unit the same work); otherwise one key
+    tile. Measured on an H100: the persistent grid over single tiles 0.91-1.03x without the mask,
+    0.68-0.92x with it, where the static order balances the unequal causal tiles badly
+    (benchmarks/results/2026-11-22-cute-attention-bwd/variants-persistent-h100.log; again 0.99-1.02x and
+    0.67-0.99x in benchmarks/results/h100-2026-11-25-session11/units-bwd.json); the persistent grid over
+    pairs against one CTA per tile with the mask (units-bwd.json): D = 128 0.98x at T = 1k, 1.02-1.04x at
+    2k..8k, 0.99x at 16k; D = 64 1.03-1.04x at 1k..8k, 1.00x at 16k. Hence pairs on a persistent grid
+    with the mask up to 64 key tiles, single tiles otherwise."""
+    paired = causal and -(-Tk // _AttentionBwdSm90.tile_n) <= 64
+    return {"persistent": paired, "paired": paired}
 
 
 def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float, **variant) -> None:
@@ -109,8 +116,10 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    tiles = -(-Tk // _AttentionBwdSm90.tile_n) * Hkv * B
-    ctas = min(tiles, sm_count(q.device)) if {**config(D, causal), **variant}["persistent"] else tiles
+    c = {**config(D, causal, Tk), **variant}
+    n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
+    units = (-(-n_blocks // 2) if c["paired"] else n_blocks) * Hkv * B
+    ctas = min(units, sm_count(q.device)) if c["persistent"] else units
     m_tiles = -(-Tq // TILE_M)
     dev = _compile.stream_of(q)
     pointer = _compile.pointer
@@ -119,7 +128,7 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     dq_accum = torch.empty(B * H * m_tiles * TILE_M * D, dtype=torch.float32, device=q.device)
     _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), pointer(dout, 16), pointer(lse, 4),
                     pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, dev)
-    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal),
+    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal, c["paired"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
                     pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *tma_strides(dout),
@@ -300,9 +309,10 @@ class _AttentionBwdSm90:
     # named barriers (0 is __syncthreads): both consumers' dS are in smem; dQ buffer w full / empty
     bar_ds, bar_dq_full, bar_dq_empty = 2, 3, 5
 
-    def __init__(self, dtype: torch.dtype, D: int, causal: bool):
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool, paired: bool):
         self.dtype = _compile.DTYPES[dtype]
-        self.D, self.causal = D, causal
+        self.D, self.causal, self.paired = D, causal, paired
+        self.per_unit = 2 if paired else 1  # key tiles per work unit
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -367,13 +377,35 @@ class _AttentionBwdSm90:
                     scale_log2, scale).launch(
             grid=[ctas, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
-    @staticmethod
-    def work_tile(tile: Int32, n_blocks: Int32, Hkv: Int32):
-        """(key tile, kv head, batch) of work tile ``tile``, key tile fastest: the CTAs at work together
-        stream the same head's Q and dO, which L2 then serves once. (Key tile slowest, so that under the
-        causal mask the longest CTAs start first, measured 0.55-0.96x as fast on an H100: the L2 misses
-        cost more than the shorter tail.)"""
-        return tile % n_blocks, tile // n_blocks % Hkv, tile // n_blocks // Hkv
+    @cute.jit
+    def work_tile(self, tile: Int32, n_blocks: Int32, Hkv: Int32):
+        """(valid, key tile, kv head, batch) of work tile ``tile`` (unit ``tile // per_unit``), key tile
+        fastest: the CTAs at work together stream the same head's Q and dO, which L2 then serves once.
+        (Key tile slowest, so that under the causal mask the longest CTAs start first, measured
+        0.55-0.96x as fast on an H100: the L2 misses cost more than the shorter tail.) Paired: unit u's
+        tiles are p and n_blocks - 1 - p, p = u % pairs; the second is not ``valid`` when it is p."""
+        valid = True
+        n_block, hk, b = tile % n_blocks, tile // n_blocks % Hkv, tile // n_blocks // Hkv
+        if cutlass.const_expr(self.paired):
+            pairs = cute.ceil_div(n_blocks, 2)
+            unit = tile // 2
+            n_block, hk, b = unit % pairs, unit // pairs % Hkv, unit // pairs // Hkv
+            if tile % 2 == 1:
+                valid = n_block < n_blocks - 1 - n_block
+                n_block = n_blocks - 1 - n_block
+        return valid, n_block, hk, b
+
+    @cute.jit
+    def next_tile(self, tile: Int32, ctas: Int32) -> Int32:
+        """The tile after ``tile`` in a CTA's walk: the unit's other tile, or the first of the unit
+        ``ctas`` further on."""
+        if cutlass.const_expr(self.paired):
+            tile += 1
+            if tile % 2 == 0:
+                tile += 2 * (ctas - 1)
+        else:
+            tile += ctas
+        return tile
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
         """Fresh (K and V, Q, dO) pipeline states of a producer or a consumer: stage 0, phase 0."""
@@ -403,7 +435,8 @@ class _AttentionBwdSm90:
         tidx, warp_idx, wg_idx, bx, ctas = thread_roles(self.threads_per_wg)
         Tk, Hkv, B = mK.shape[0], mK.shape[2], mK.shape[3]
         n_blocks = cute.ceil_div(Tk, bN)
-        tiles = n_blocks * Hkv * B  # work tiles bx, bx + ctas, ... are this CTA's
+        tiles = cute.ceil_div(n_blocks, 2) * 2 * Hkv * B if self.paired else n_blocks * Hkv * B
+        first_tile = bx * self.per_unit  # this CTA's units are bx, bx + ctas, ... (next_tile)
         if warp_idx == self.producer_warp:
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
@@ -443,12 +476,14 @@ class _AttentionBwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV,
-                             sLSE, sDelta, kv_pipe, q_pipe, do_pipe, bx, ctas, tiles, n_blocks, group, Tq)
+                             sLSE, sDelta, kv_pipe, q_pipe, do_pipe, first_tile, ctas, tiles, n_blocks, group, Tq)
             if warp_idx == self.dq_warp:
-                tile = bx
+                tile = first_tile
                 while tile < tiles:
-                    n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
+                    valid, n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
                     first, count = self.q_range(n_block, Tq)
+                    if not valid:
+                        count = 0
                     for step in cutlass.range(count * group, unroll=1):
                         h = hk * group + step // count
                         m_block = first + step % count
@@ -463,14 +498,14 @@ class _AttentionBwdSm90:
                                 bulk_reduce_add(sdQ[None, w].iterator, mAcc[None, w, m_block, h, b].iterator,
                                                 bM * D * 2)
                             cute.arch.cp_async_bulk_commit_group()
-                    tile += ctas
+                    tile = self.next_tile(tile, ctas)
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the engine has read the last buffers
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mma_sdp, mma_dkv, mma_dq, sQ, sQt, sdO, sdOt, sK, sKt, sV, sdS, sdSt, sLSE, sDelta, sdQ,
-                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, bx, ctas, tiles, n_blocks, group, Tq,
-                         scale_log2, scale)
+                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, first_tile, ctas, tiles, n_blocks, group,
+                         Tq, scale_log2, scale)
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE,
@@ -486,34 +521,35 @@ class _AttentionBwdSm90:
         kv_state, q_state, do_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
         tile = first_tile
         while tile < tiles:
-            n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
-            first, count = self.q_range(n_block, Tq)
-            tKsK, tKgK = tma(tma_k, sK, cute.local_tile(mK[None, None, hk, b], (bN, D), (n_block, 0)))
-            tVsV, tVgV = tma(tma_v, sV, cute.local_tile(mV[None, None, hk, b], (bN, D), (n_block, 0)))
-            kv_pipe.producer_acquire(kv_state)  # the last tile's products are done with K and V
-            cute.copy(tma_k, tKgK, tKsK[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-            cute.copy(tma_v, tVgV, tVsV[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-            kv_state.advance()
-            for step in cutlass.range(count * group, unroll=1):
-                h = hk * group + step // count
-                m_block = first + step % count
-                tQsQ, tQgQ = tma(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (bM, D), (None, 0)))
-                tdOsdO, tdOgdO = tma(tma_do, sdO, cute.local_tile(mdO[None, None, h, b], (bM, D), (None, 0)))
-                q_pipe.producer_acquire(q_state)
-                bar = q_pipe.producer_get_barrier(q_state)
-                cute.copy(tma_q, tQgQ[(None, m_block)], tQsQ[(None, q_state.index)], tma_bar_ptr=bar)
-                with cute.arch.elect_one():
-                    bulk_load(mLSE2[None, h, b].iterator + m_block * bM, sLSE[None, q_state.index].iterator, bar,
-                              bM * 4)
-                q_state.advance()
-                do_pipe.producer_acquire(do_state)
-                bar = do_pipe.producer_get_barrier(do_state)
-                cute.copy(tma_do, tdOgdO[(None, m_block)], tdOsdO[(None, do_state.index)], tma_bar_ptr=bar)
-                with cute.arch.elect_one():
-                    bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator,
-                              bar, bM * 4)
-                do_state.advance()
-            tile += ctas
+            valid, n_block, hk, b = self.work_tile(tile, n_blocks, Hkv)
+            if valid:
+                first, count = self.q_range(n_block, Tq)
+                tKsK, tKgK = tma(tma_k, sK, cute.local_tile(mK[None, None, hk, b], (bN, D), (n_block, 0)))
+                tVsV, tVgV = tma(tma_v, sV, cute.local_tile(mV[None, None, hk, b], (bN, D), (n_block, 0)))
+                kv_pipe.producer_acquire(kv_state)  # the last tile's products are done with K and V
+                cute.copy(tma_k, tKgK, tKsK[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                cute.copy(tma_v, tVgV, tVsV[(None, 0)], tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                kv_state.advance()
+                for step in cutlass.range(count * group, unroll=1):
+                    h = hk * group + step // count
+                    m_block = first + step % count
+                    tQsQ, tQgQ = tma(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (bM, D), (None, 0)))
+                    tdOsdO, tdOgdO = tma(tma_do, sdO, cute.local_tile(mdO[None, None, h, b], (bM, D), (None, 0)))
+                    q_pipe.producer_acquire(q_state)
+                    bar = q_pipe.producer_get_barrier(q_state)
+                    cute.copy(tma_q, tQgQ[(None, m_block)], tQsQ[(None, q_state.index)], tma_bar_ptr=bar)
+                    with cute.arch.elect_one():
+                        bulk_load(mLSE2[None, h, b].iterator + m_block * bM, sLSE[None, q_state.index].iterator, bar,
+                                  bM * 4)
+                    q_state.advance()
+                    do_pipe.producer_acquire(do_state)
+                    bar = do_pipe.producer_get_barrier(do_state)
+                    cute.copy(tma_do, tdOgdO[(None, m_block)], tdOsdO[(None, do_state.index)], tma_bar_ptr=bar)
+                    with cute.arch.elect_one():
+                        bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator,
+                                  bar, bM * 4)
+                    do_state.advance()
+            tile = self.next_tile(tile, ctas)
 
     @cute.jit
     def consume(self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, sQ: cute.Tensor,
@@ -550,14 +586,15 @@ class _AttentionBwdSm90:
         kv_read, q_read, do_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         tile = first_tile
         while tile < tiles:
-            n_block, hk, b = self.work_tile(tile, n_blocks, mdK.shape[2])
-            first, count = self.q_range(n_block, Tq)
-            kv_read, q_read, do_read = self.consume_tile(
-                mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ, tdQrdS, tdQrK,
-                tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe, do_pipe,
-                kv_read, q_read, do_read, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count, count * group,
-                scale_log2, scale)
-            tile += ctas
+            valid, n_block, hk, b = self.work_tile(tile, n_blocks, mdK.shape[2])
+            if valid:
+                first, count = self.q_range(n_block, Tq)
+                kv_read, q_read, do_read = self.consume_tile(
+                    mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ, tdQrdS,
+                    tdQrK, tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe,
+                    do_pipe, kv_read, q_read, do_read, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count,
+                    count * group, scale_log2, scale)
+            tile = self.next_tile(tile, ctas)
 
     @cute.jit
     def consume_tile(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ,

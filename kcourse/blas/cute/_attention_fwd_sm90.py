@@ -98,21 +98,23 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
 
 
 def config(D: int, causal: bool, Tq: int) -> dict:
-    """The kernel's variant for a head dim, mask and query length: keys per tile, persistent grid,
-    paired tiles, ping-pong.
+    """The kernel's variant for a head dim, mask and query length: keys per tile, work units (one query
+    tile or a pair), persistent grid, ping-pong.
 
     Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
     benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
-    non-causal tile) by 1-5%, best against best; the persistent grid is 1-7% faster without the mask and
-    1-5% slower with it (its static order cannot start the longest causal tiles first); ping-pong is
-    -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere. ``paired`` (causal): each CTA
-    takes two query tiles, m and m_tiles - 1 - m, so that every CTA has the same number of key tiles
-    and the second tile's Q load overlaps the first tile's last products. Measured on an H100
-    (benchmarks/results/2026-11-22-cute-attention-bwd/paired-forward-h100.log): 1.04-1.07x at D = 128
-    and T <= 4k, 1.02-1.05x at D = 64 and T <= 2k, 0.90-0.99x beyond (where one CTA per tile, longest
-    first, leaves the shorter tail), hence up to 32 query tiles at D = 128 and 16 at D = 64."""
-    paired = causal and -(-Tq // 128) <= (32 if D == 128 else 16)
-    return {"tile_n": 128, "persistent": not causal, "paired": paired, "pingpong": D == 128 and not causal}
+    non-causal tile) by 1-5%, best against best; over single tiles the persistent grid is 1-7% faster
+    without the mask and 1-5% slower with it (its static order cannot start the longest causal tiles
+    first); ping-pong is -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere.
+    ``paired`` (causal): a unit is two query tiles, m and m_tiles - 1 - m, so that every unit has the
+    same number of key tiles; then the static order of a persistent grid balances too. Measured on an
+    H100 (benchmarks/results/h100-2026-11-25-session11/units-fwd.json), the persistent grid over pairs
+    against one CTA per tile, longest first: 1.02-1.05x at D = 128 and 1.04-1.21x at D = 64 for
+    T = 1k..8k (1.00-1.13x against one CTA per pair), 0.98-1.00x at 16k (a 7.8-round grid's last round
+    is partly idle; 2048 single tiles fill the tail better); hence pairs up to 64 query tiles."""
+    paired = causal and -(-Tq // 128) <= 64
+    return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
+            "pingpong": D == 128 and not causal}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -187,10 +189,10 @@ class _AttentionFwdSm90:
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
                  pingpong: bool):
-        assert not (persistent and paired), "a CTA walks the tiles persistently or takes a pair, not both"
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
+        self.per_unit = 2 if paired else 1  # work tiles per unit
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -242,20 +244,21 @@ class _AttentionFwdSm90:
 
         self.shared_storage = SharedStorage
         # work tiles (query tile, head, batch), query tile fastest: the CTAs at work together read the
-        # same K and V. Persistent: one CTA per SM walks tiles bx, bx + grid, ... (its producer loads
-        # the next tile's Q, K and V during this tile's last products and stores). Otherwise one CTA a
-        # tile, in reverse query order: under the causal mask the longest tiles start first. Paired: CTA
-        # c takes tiles c and c + grid of a sequence in which tile c < grid is the query tile m_tiles - 1
-        # - p of pair p and tile c + grid its partner p (none for the middle tile of an odd count).
-        tiles = cute.ceil_div(Tq, bM) * H * B
-        grid = tiles
-        if cutlass.const_expr(self.persistent):
-            grid = cutlass.min(tiles, sms)
+        # same K and V; in reverse query order, so that under the causal mask the longest tiles start
+        # first. Paired: a work *unit* is two query tiles, m_tiles - 1 - p and its partner p (none for the
+        # middle tile of an odd count), which together have m_tiles + 1 key tiles under the mask: every
+        # unit the same work. Otherwise a unit is one tile. Persistent: one CTA per SM walks units bx,
+        # bx + grid, ... (its producer loads the next unit's Q, K and V during this one's last products
+        # and stores); otherwise one CTA a unit.
+        m_tiles = cute.ceil_div(Tq, bM)
+        units = m_tiles * H * B
         if cutlass.const_expr(self.paired):
-            grid = cute.ceil_div(cute.ceil_div(Tq, bM), 2) * H * B
-            tiles = 2 * grid
+            units = cute.ceil_div(m_tiles, 2) * H * B
+        grid = units
+        if cutlass.const_expr(self.persistent):
+            grid = cutlass.min(units, sms)
         self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv,
-                    q_smem, k_smem, v_smem, H // Hkv, tiles, scale_log2).launch(
+                    q_smem, k_smem, v_smem, H // Hkv, units, scale_log2).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
@@ -264,10 +267,11 @@ class _AttentionFwdSm90:
                 pipeline.make_pipeline_state(user, self.stages))
 
     @cute.jit
-    def work_tile(self, tile: Int32, grid: Int32, Tq: Int32, Tk: Int32, H: Int32):
-        """(valid, m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile``: its key tiles are [0,
-        n_blocks), visited last to first, and those >= n_masked need the mask; a tile that is not
-        ``valid`` (the missing partner of a paired middle tile) is skipped."""
+    def work_tile(self, tile: Int32, Tq: Int32, Tk: Int32, H: Int32):
+        """(valid, m_block, h, b, row0, n_blocks, n_masked) of work tile ``tile`` (unit ``tile // per``,
+        its tile ``tile % per`` of ``per`` = 2 paired, else 1): its key tiles are [0, n_blocks), visited
+        last to first, and those >= n_masked need the mask; a tile that is not ``valid`` (the missing
+        partner of a paired middle tile) is skipped."""
         bM, bN = self.tile_m, self.tile_n
         m_tiles = cute.ceil_div(Tq, bM)
         valid = True
@@ -276,13 +280,14 @@ class _AttentionFwdSm90:
         b = tile // m_tiles // H
         if cutlass.const_expr(self.paired):
             pairs = cute.ceil_div(m_tiles, 2)
-            p = tile % grid % pairs
-            h = tile % grid // pairs % H
-            b = tile % grid // pairs // H
+            unit = tile // 2
+            p = unit % pairs
+            h = unit // pairs % H
+            b = unit // pairs // H
             m_block = m_tiles - 1 - p
-            valid = tile < grid or p < m_tiles - 1 - p
-            if tile >= grid:
+            if tile % 2 == 1:
                 m_block = p
+                valid = p < m_tiles - 1 - p
         row0 = m_block * bM
         n_blocks = cute.ceil_div(Tk, bN)
         n_masked = Tk // bN
@@ -291,11 +296,23 @@ class _AttentionFwdSm90:
             n_masked = cutlass.min(row0 // bN, n_masked)
         return valid, m_block, h, b, row0, n_blocks, n_masked
 
+    @cute.jit
+    def next_tile(self, tile: Int32, grid: Int32) -> Int32:
+        """The tile after ``tile`` in a CTA's walk: the unit's other tile, or the first of the unit
+        ``grid`` further on."""
+        if cutlass.const_expr(self.paired):
+            tile += 1
+            if tile % 2 == 0:
+                tile += 2 * (grid - 1)
+        else:
+            tile += grid
+        return tile
+
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, q_smem: cute.ComposedLayout,
-               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, tiles: Int32,
+               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, units: Int32,
                scale_log2: Float32):
         # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B): TMA coordinate tensors;
         # mO (Tq, D, H, B) out itself; mLSE (Tq, H, B) float32
@@ -330,9 +347,9 @@ class _AttentionFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
                 q_state, k_state, v_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
-                tile = bx
-                while tile < tiles:
-                    valid, m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, grid, Tq, Tk, H)
+                tile = bx * self.per_unit
+                while tile < units * self.per_unit:
+                    valid, m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
                     if valid:
                         hk = h // group
                         gQ = cute.local_tile(mQ[None, None, h, b], (bM, D), (m_block, 0))  # (bM, D)
@@ -357,19 +374,19 @@ class _AttentionFwdSm90:
                             cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
                                       tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
                             v_state.advance()
-                    tile += grid
+                    tile = self.next_tile(tile, grid)
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx,
-                         bx, grid, tiles, Tq, Tk, H, scale_log2)
+                         bx, grid, units, Tq, Tk, H, scale_log2)
 
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32,
-                wg_idx: Int32, first: Int32, step: Int32, tiles: Int32, Tq: Int32, Tk: Int32, H: Int32,
+                wg_idx: Int32, first: Int32, step: Int32, units: Int32, Tq: Int32, Tk: Int32, H: Int32,
                 scale_log2: Float32):
-        """A consumer warpgroup: its 64 rows of out and lse, for work tiles first, first + step, ..."""
+        """A consumer warpgroup: its 64 rows of out and lse, for the tiles of units first, first + step, ..."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
         # operands: smem descriptors for Q, K and V^T; P in registers
         wg_qk = mma_qk.get_slice(wg_idx * self.threads_per_wg)
@@ -394,15 +411,15 @@ class _AttentionFwdSm90:
                 cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier, number_of_threads=2 * self.threads_per_wg)
 
         q_state, k_read, v_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
-        tile = first
-        while tile < tiles:
-            valid, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, step, Tq, Tk, H)
+        tile = first * self.per_unit
+        while tile < units * self.per_unit:
+            valid, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
             if valid:
                 q_state, k_read, v_read = self.consume_tile(
                     wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO, row_max, row_sum,
                     alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
                     n_blocks, n_masked, Tq, Tk, scale_log2)
-            tile += step
+            tile = self.next_tile(tile, step)
 
     @cute.jit
     def consume_tile(self, wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO,

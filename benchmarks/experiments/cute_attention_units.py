@@ -1,0 +1,169 @@
+"""Experiment (issue 6): the work-unit variants of the cute Hopper attention kernels, checked and timed
+against each other and SDPA in one process.
+
+    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json
+    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json --backward
+    ... --check: the checks only (with --backward: forward and backward)
+
+A work unit of the forward is one query tile, or (``paired``) two, m_tiles - 1 - p and p, which together
+have the same number of key tiles under the causal mask; of the backward one key tile, or (``paired``)
+two, p and n_blocks - 1 - p, which together see the same number of query tiles. ``persistent``: one
+CTA per SM walks the units (its producer loads the next unit's tiles during this one's last products);
+otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd_sm90``'s ``paired=``,
+``persistent=``):
+
+    tile        one CTA per tile (forward: longest first)
+    paired      one CTA per pair
+    paired+p    a persistent grid over the pairs
+    tile+p      a persistent grid over the tiles
+
+Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
+views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
+against the ``tile`` variant: bit for bit for out, lse, dk and dv (a tile's arithmetic does not depend
+on which CTA runs it; dq's float32 sums are added in a varying order, so dq only to the tolerance).
+Then bfloat16, 16 heads, B T = 16384, T = 1k..16k, D = 128 and 64, causal (and without the mask tile
+and tile+p): do_bench medians over two interleaved rounds (the faster), TFLOP/s and SDPA's time / ours.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from kcourse.blas.cute import _attention_bwd_sm90 as bwd90
+from kcourse.blas.cute import _attention_fwd_sm90 as fwd90
+
+VARIANTS = {"tile": dict(paired=False, persistent=False), "paired": dict(paired=True, persistent=False),
+            "paired+p": dict(paired=True, persistent=True), "tile+p": dict(paired=False, persistent=True)}
+# (B, H, Hkv, Tq, Tk, D, causal, layout)
+CASES = [(2, 4, 4, 257, 257, 64, True, "bhtd"), (1, 8, 2, 300, 300, 128, True, "bthd"),
+         (1, 4, 2, 100, 333, 128, True, "bhtd"), (1, 4, 2, 333, 100, 64, True, "bhtd"),
+         (3, 5, 5, 1000, 1000, 128, True, "bhtd"), (1, 2, 2, 1, 1, 128, True, "bhtd"),
+         (2, 3, 1, 700, 700, 64, False, "bthd"), (1, 6, 3, 1153, 1153, 128, True, "bthd"),
+         (1, 3, 3, 1280, 1280, 128, True, "bhtd")]
+ATOL, RTOL = 1.6e-2, 1e-2  # the bfloat16 tolerances of the tests; gradients: atol * 4
+
+
+def heads(B, H, T, D, layout):
+    if layout == "bthd":
+        return torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    return torch.randn(B, H, T, D, dtype=torch.bfloat16, device="cuda")
+
+
+def forward(q, k, v, causal, scale, variant):
+    B, H, Tq, D = q.shape
+    out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
+    return out, lse
+
+
+def backward(q, k, v, out, dout, lse, causal, scale, variant):
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
+    bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, **variant)
+    return dq, dk, dv
+
+
+def close(a, b, atol):
+    return (a.float() - b.float()).abs().max().item(), atol + RTOL * b.float().abs().max().item()
+
+
+def check(backward_too):
+    failures = 0
+    for B, H, Hkv, Tq, Tk, D, causal, layout in CASES:
+        torch.manual_seed(1)
+        q = heads(B, H, Tq, D, layout)
+        k, v = (heads(B, Hkv, Tk, D, layout) for _ in range(2))
+        dout = torch.randn(B, H, Tq, D, dtype=torch.bfloat16, device="cuda")
+        scale = 1 / math.sqrt(D)
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale, enable_gqa=True)
+        grads = torch.autograd.grad(ref, leaves, dout.float())
+        kk = k.double().repeat_interleave(H // Hkv, dim=1)
+        s = (q.double() @ kk.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        lse_ref = torch.logsumexp(s, dim=-1)
+        base = forward(q, k, v, causal, scale, VARIANTS["tile"])
+        base_grads = backward(q, k, v, *base[:1], dout, base[1], causal, scale, VARIANTS["tile"])
+        for name, variant in VARIANTS.items():
+            out, lse = forward(q, k, v, causal, scale, variant)
+            err, tol = close(out, ref, ATOL)
+            lse_err = (lse.double() - lse_ref).abs().max().item()
+            same = torch.equal(out, base[0]) and torch.equal(lse, base[1])
+            ok = err <= tol and lse_err < 1e-3 and same
+            line = f"out {err:.1e} lse {lse_err:.1e} same {same}"
+            if backward_too:
+                got = backward(q, k, v, base[0], dout, base[1], causal, scale, variant)
+                for g_name, g, r, b in zip(("dq", "dk", "dv"), got, grads, base_grads):
+                    err, tol = close(g, r, 4 * ATOL)
+                    same = torch.equal(g, b) if g_name != "dq" else close(g, b, ATOL)[0] <= ATOL
+                    ok = ok and err <= tol and same
+                    line += f" {g_name} {err:.1e} same {same}"
+            failures += not ok
+            print(f"check {(B, H, Hkv, Tq, Tk, D, causal, layout)} {name:9s} {line} {'PASS' if ok else 'FAIL'}",
+                  flush=True)
+    return failures
+
+
+def bench(out_path, failures, backward_too):
+    H, TOKENS = 16, 16384
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
+            "timed": "backward (attention_bwd_sm90: pre, main, post)" if backward_too else "forward"}
+    print(json.dumps(meta), flush=True)
+    rows = []
+    for D in (128, 64):
+        for T in (1024, 2048, 4096, 8192, 16384):
+            for causal in (True, False):
+                B = TOKENS // T
+                torch.manual_seed(0)
+                q, k, v, dout = (heads(B, H, T, D, "bhtd") for _ in range(4))
+                scale = 1 / math.sqrt(D)
+                names = list(VARIANTS) if causal else ["tile", "tile+p"]
+                flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+                if backward_too:
+                    flops *= 2.5
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    o = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+                    out, lse = forward(q, k, v, causal, scale, {})
+                    fns = {"sdpa": lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)}
+                    fns.update({n: (lambda n=n: backward(q, k, v, out, dout, lse, causal, scale, VARIANTS[n]))
+                                for n in names})
+                    config = bwd90.config(D, causal)
+                else:
+                    fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)}
+                    fns.update({n: (lambda n=n: forward(q, k, v, causal, scale, VARIANTS[n])) for n in names})
+                    config = fwd90.config(D, causal, T)
+                row = {"D": D, "T": T, "causal": causal, "config": config}
+                ms = {}
+                for _ in range(2):  # two rounds, interleaved: the faster of each
+                    for name, fn in fns.items():
+                        t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        ms[name] = min(ms.get(name, t), t)
+                for name, t in ms.items():
+                    row[name] = [round(t, 4), round(flops / t / 1e9, 1), round(ms["sdpa"] / t, 3)]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--check", action="store_true", help="the checks only")
+    args = parser.parse_args()
+    failures = check(args.backward)
+    if args.check:
+        print(f"{failures} check failures")
+        raise SystemExit(failures > 0)
+    bench(args.out, failures, args.backward)
+
+
+if __name__ == "__main__":
+    main()
