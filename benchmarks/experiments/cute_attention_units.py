@@ -4,6 +4,7 @@ against each other and SDPA in one process.
     source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json
     source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json --backward
     ... --check: the checks only (with --backward: forward and backward)
+    ... --api: the backward through the kernels, the backend's function and autograd, timed
 
 A work unit of the forward is one query tile, or (``paired``) two, m_tiles - 1 - p and p, which together
 have the same number of key tiles under the causal mask; of the backward one key tile, or (``paired``)
@@ -152,12 +153,51 @@ def bench(out_path, failures, backward_too):
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
+def api(out_path):
+    """The backward at T = 1k and 8k, causal and not, D = 128, timed at three levels: the kernels alone
+    (``attention_bwd_sm90``), the backend's ``attention_backward`` (allocations, stride checks), and
+    ``torch.autograd.grad`` through ``kcourse.blas.attention(backend="cute")`` as the runner times it;
+    SDPA through autograd beside them; rounds interleaved, the faster of two."""
+    import kcourse
+    from kcourse.blas.cute import attention as cute_attention
+    rows = []
+    for T in (1024, 8192):
+        for causal in (True, False):
+            B, H, D = 16384 // T, 16, 128
+            torch.manual_seed(0)
+            q, k, v, dout = (heads(B, H, T, D, "bhtd") for _ in range(4))
+            scale = 1 / math.sqrt(D)
+            out, lse = forward(q, k, v, causal, scale, {})
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            o_sdpa = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+            o_cute = kcourse.blas.attention(*leaves, causal=causal, backend="cute")
+            cache = (q, k, v, out, lse)
+            fns = {"sdpa autograd": lambda: torch.autograd.grad(o_sdpa, leaves, dout, retain_graph=True),
+                   "kernels": lambda: backward(q, k, v, out, dout, lse, causal, scale, {}),
+                   "attention_backward": lambda: cute_attention.attention_backward(dout, cache, (True,) * 3, causal,
+                                                                                   scale),
+                   "cute autograd": lambda: torch.autograd.grad(o_cute, leaves, dout, retain_graph=True)}
+            ms = {}
+            for _ in range(2):
+                for name, fn in fns.items():
+                    t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    ms[name] = min(ms.get(name, t), t)
+            row = {"T": T, "causal": causal, **{n: round(t, 4) for n, t in ms.items()}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--check", action="store_true", help="the checks only")
+    parser.add_argument("--api", action="store_true", help="kernels, attention_backward and autograd timed")
     args = parser.parse_args()
+    if args.api:
+        return api(args.out)
     failures = check(args.backward)
     if args.check:
         print(f"{failures} check failures")

@@ -6,6 +6,7 @@ bfloat16, 16 heads, B T = 16384, do_bench medians, TFLOP/s and SDPA's time / our
     python benchmarks/experiments/triton_attention_tma.py OUT.json              # D = 64 and 128, T = 1k..16k
     python benchmarks/experiments/triton_attention_tma.py OUT.json --sweep      # the config sweep, D = 128
     python benchmarks/experiments/triton_attention_tma.py OUT.json --backward   # the backward's kernels
+    python benchmarks/experiments/triton_attention_tma.py OUT.json --backward-sweep  # their TMA config sweep
 
 ``--backward`` times the backward (from one forward's cache, as autograd runs it) with the dQ and
 the dK/dV kernels each reading by pointer or by TMA (``TMA=True``: q, k, v, dO as descriptors):
@@ -14,6 +15,11 @@ pointer/pointer, pointer/TMA, TMA/TMA.
 ``--sweep`` autotunes the TMA kernel over the 28 configs Triton's fused-attention tutorial sweeps on
 Hopper (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps, no 8 warps below 128 x 128) at T = 1k,
 4k, 16k, causal and not, and prints the winner of each: how ``TMA_FWD_SIZES`` was chosen.
+
+``--backward-sweep`` does the same for the two backward kernels reading by TMA (``BWD_SWEEP``: dQ over
+64/128 query rows x 32/64/128 keys, dK/dV over 32/64/128 query rows x 64/128 keys, 4/8 warps, 2/3
+stages), D = 128 and 64, T = 1k, 4k, 16k, causal and not: every config's time (the autotuner's
+do_bench median), the winner, and the whole backward with the winners against the shipped tables.
 """
 import argparse
 import json
@@ -29,6 +35,8 @@ from kcourse.blas.triton import attention as A
 
 SWEEP = [(m, n, w, s) for m in (64, 128) for n in (32, 64, 128) for s in (2, 3, 4, 6) for w in (4, 8)
          if not (m * n < 128 * 128 and w == 8)]
+BWD_SWEEP = {"dq": [(m, n, w, s) for m in (64, 128) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)],
+             "dkdv": [(m, n, w, s) for m in (32, 64, 128) for n in (64, 128) for w in (4, 8) for s in (2, 3)]}
 
 
 def run_tma(kernel, q, k, v, causal, scale):
@@ -42,8 +50,10 @@ def run_tma(kernel, q, k, v, causal, scale):
     return out, lse
 
 
-def backward(dout, cache, causal, scale, tma_dq, tma_dkdv):
-    """``attention_backward`` for all three gradients with each kernel's TMA choice given."""
+def backward(dout, cache, causal, scale, tma_dq, tma_dkdv, dq_kernel=None, dkdv_kernel=None):
+    """``attention_backward`` for all three gradients with each kernel's TMA choice given (and, for the
+    sweep, other autotuned versions of the two kernels)."""
+    dq_kernel, dkdv_kernel = dq_kernel or A.attention_dq_kernel, dkdv_kernel or A.attention_dkdv_kernel
     q, k, v, out, lse = cache
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -53,10 +63,10 @@ def backward(dout, cache, causal, scale, tma_dq, tma_dkdv):
     dq, delta = torch.empty_like(q), torch.empty_like(lse)
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # k, v contiguous here
     q_, k_, v_, dout_ = descriptors if tma_dq else (q, k, v, dout)
-    A.attention_dq_kernel[A._grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
+    dq_kernel[A._grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
                                                          *out.stride(), *args, CAUSAL=causal, TMA=tma_dq, **meta)
     q_, k_, v_, dout_ = descriptors if tma_dkdv else (q, k, v, dout)
-    A.attention_dkdv_kernel[A._grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides, *args,
+    dkdv_kernel[A._grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides, *args,
                                                              CAUSAL=causal, TMA=tma_dkdv, **meta)
     return dq, dk, dv
 
@@ -97,14 +107,62 @@ def main_backward(out_path):
         json.dump({"meta": meta, "rows": rows, "seconds": round(time.time() - start)}, f, indent=1)
 
 
+def main_backward_sweep(out_path):
+    H, TOKENS, dt = 16, 16384, torch.bfloat16
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16", "H": H, "tokens": TOKENS, "sweep": BWD_SWEEP}
+    print(json.dumps(meta), flush=True)
+    key = ["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION", "TMA"]
+    sweep = {name: triton.autotune([triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s,
+                                                  pre_hook=A._tma_block_shapes) for m, n, w, s in BWD_SWEEP[name]],
+                                   key=key)(kernel.fn)
+             for name, kernel in (("dq", A.attention_dq_kernel), ("dkdv", A.attention_dkdv_kernel))}
+    rows, start = [], time.time()
+    for D in (128, 64):
+        for T in (1024, 4096, 16384):
+            for causal in (False, True):
+                B = TOKENS // T
+                torch.manual_seed(0)
+                q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", dtype=dt) for _ in range(4))
+                scale = 1 / math.sqrt(D)
+                cache = A.attention(q, k, v, causal, scale)[1]
+                fns = {"shipped": lambda: backward(dout, cache, causal, scale, True, True),
+                       "swept": lambda: backward(dout, cache, causal, scale, True, True, sweep["dq"], sweep["dkdv"])}
+                expected = fns["shipped"]()
+                got = fns["swept"]()  # autotunes both kernels
+                row = {"D": D, "T": T, "causal": causal,
+                       "err swept": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, expected))}
+                for name, kernel in sweep.items():
+                    timings = {str(c): round(t[0], 4) for c, t in kernel.configs_timings.items()}
+                    row[f"{name} best"] = str(kernel.best_config)
+                    row[f"{name} timings"] = dict(sorted(timings.items(), key=lambda kv: kv[1]))
+                row[f"shipped configs"] = [str(A.attention_dq_kernel.best_config),
+                                           str(A.attention_dkdv_kernel.best_config)]
+                flops = 2.5 * 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+                ms = {}
+                for _ in range(2):  # interleaved rounds, the faster of each
+                    for name, fn in fns.items():
+                        t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        ms[name] = min(ms.get(name, t), t)
+                for name, t in ms.items():
+                    row[name] = [round(t, 4), round(flops / t / 1e9, 1)]
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if "timings" not in k}), flush=True)
+                with open(out_path, "w") as f:
+                    json.dump({"meta": meta, "rows": rows, "seconds": round(time.time() - start)}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--backward-sweep", action="store_true")
     args = parser.parse_args()
     if args.backward:
         return main_backward(args.out)
+    if args.backward_sweep:
+        return main_backward_sweep(args.out)
     H, TOKENS, dt = 16, 16384, torch.bfloat16
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d"), "dtype": "bfloat16", "H": H, "tokens": TOKENS}

@@ -17,9 +17,11 @@ Three kernels:
 - ``_Preprocess``: one CTA per 64 query rows of a (head, batch): delta = rowsum(dO out), and lse
   times log2 e, both into (B, H, Tq rounded up to 64) float32 buffers padded with delta 0 and
   lse +inf (a query row past Tq then has P = 0 exactly), and zeroes the CTA's tile of dQaccum.
-- ``_AttentionBwdSm90``: one CTA per (128 keys, kv head, batch); K and V stay in shared memory and
+- ``_AttentionBwdSm90``: a work tile is (128 keys, kv head, batch); K and V stay in shared memory and
   the query tiles of 64 rows stream through, for each query head of the group in turn (the
-  group's sum is this loop: dK and dV never leave the registers until the end).
+  group's sum is this loop: dK and dV never leave the registers until the end). One CTA per tile;
+  with the causal mask (up to 64 key tiles, ``config``) one CTA per SM walks units of two key tiles,
+  n and n_blocks - 1 - n, which see the same number of query tiles together.
 - ``_Postprocess``: dq = c dQaccum, rounded to the dtype, one CTA per 64 query rows.
 
 Warp roles of the main kernel (384 threads = 3 warpgroups)
@@ -101,7 +103,7 @@ def config(D: int, causal: bool, Tk: int) -> dict:
     tile. Measured on an H100: the persistent grid over single tiles 0.91-1.03x without the mask,
     0.68-0.92x with it, where the static order balances the unequal causal tiles badly
     (benchmarks/results/2026-11-22-cute-attention-bwd/variants-persistent-h100.log; again 0.99-1.02x and
-    0.67-0.99x in benchmarks/results/h100-2026-11-25-session11/units-bwd.json); the persistent grid over
+    0.66-0.99x in benchmarks/results/h100-2026-11-25-session11/units-bwd.json); the persistent grid over
     pairs against one CTA per tile with the mask (units-bwd.json): D = 128 0.98x at T = 1k, 1.02-1.04x at
     2k..8k, 0.99x at 16k; D = 64 1.03-1.04x at 1k..8k, 1.00x at 16k. Hence pairs on a persistent grid
     with the mask up to 64 key tiles, single tiles otherwise."""

@@ -88,8 +88,12 @@ def _configs(sizes):
 # for 65..128 (key: the larger BLOCK_D). Each compiles for sm_90 without register spills (ptxas -v)
 # in 16-bit types at D = 64 and 128 without grouped-query heads (the group loop of the dK, dV kernel
 # costs registers: there some spill, and the autotuner weighs them); the float32 prune
-# (tiles_that_fit) leaves the small tiles at the end of each list. The interpreter gets one small
-# config with several tiles per row of a test-sized problem.
+# (tiles_that_fit) leaves the small tiles at the end of each list. The backward's first entries are
+# the winners of a sweep of its kernels reading by TMA (benchmarks/experiments/triton_attention_tma.py
+# --backward-sweep, H100, 48 configs, T = 1k..16k): dK/dV (64, 64, 4, 2) within 2% of the best at
+# every point at D = 128 and (128, 64, 4, 2) at D = 64, where the autotuner's old picks were up to
+# 12% and 14% slower; dQ (128, 64, 8, 3) and (128, 64, 4, 3). The interpreter gets one small config
+# with several tiles per row of a test-sized problem.
 if INTERPRET:
     FWD_CONFIGS = DQ_CONFIGS = dict.fromkeys((64, 128), _configs([(32, 16, 4, 1)]))
     DKDV_CONFIGS = dict.fromkeys((64, 128), _configs([(16, 32, 4, 1)]))
@@ -98,12 +102,14 @@ else:
                                  (256, 128, 16, 2), (64, 64, 4, 3), (64, 32, 4, 2)]),
                    128: _configs([(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (256, 64, 16, 2),
                                   (256, 64, 16, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
-    DKDV_CONFIGS = {64: _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 2),
-                                  (16, 32, 4, 2)]),
-                    128: _configs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 4, 2),
-                                   (16, 32, 4, 2)])}
-    DQ_CONFIGS = {64: _configs([(128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
-                  128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])}
+    DKDV_CONFIGS = {64: _configs([(128, 64, 4, 2), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3),
+                                  (32, 64, 4, 2), (16, 32, 4, 2)]),
+                    128: _configs([(64, 64, 4, 2), (32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3),
+                                   (32, 64, 4, 2), (16, 32, 4, 2)])}
+    DQ_CONFIGS = {64: _configs([(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3),
+                                (64, 32, 4, 2)]),
+                  128: _configs([(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3),
+                                 (64, 32, 4, 2)])}
 # The TMA forward (Hopper, 16-bit, D = 128, or 64 with the causal mask): the winners of a 28-config sweep at D = 128
 # (blocks 64/128 x 32/64/128, 2-6 stages, 4/8 warps; benchmarks/experiments/triton_attention_tma.py,
 # H100) and their neighbours; 128 query rows on 4 warps (one warpgroup) win from T = 1k to 16k.
