@@ -89,7 +89,8 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
         fwd = _attention_fwd_sm90.config(D, causal, shape[3])
-        assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in ("persistent", "paired", "pingpong")))
+        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages")
+        assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in variant))
         paired = _attention_bwd_sm90.config(D, causal, shape[4])["paired"]
         assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal, paired), (dtype, D)], seen
         if layout == "bthd":
@@ -133,17 +134,20 @@ def test_a_compiled_kernel_is_reused(monkeypatch):
     assert _compile.COMPILE_SECONDS == before
 
 
-@pytest.mark.parametrize("causal, persistent, paired, pingpong",
-                         [(False, False, False, False), (False, True, False, False), (False, False, False, True),
-                          (True, False, False, False), (True, True, True, False)])
-def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong):
+@pytest.mark.parametrize("causal, persistent, paired, pingpong, overlap",
+                         [(False, False, False, False, False), (False, True, False, False, False),
+                          (False, False, False, True, False), (True, False, False, False, False),
+                          (True, True, True, False, False), (False, True, False, True, True),
+                          (True, True, True, False, True), (True, False, False, False, True)])
+def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, overlap):
     """The variants ``config`` does not pick for these sizes still build (longer sequences or the
     benchmarks take them)."""
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
     with _compile.compiling_only():
         _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
-                                               paired=paired, pingpong=pingpong)
+                                               paired=paired, pingpong=pingpong, overlap=overlap,
+                                               q_stages=2 if overlap else 1)
 
 
 @pytest.mark.parametrize("causal, persistent, paired",
@@ -169,6 +173,10 @@ def test_hopper_forward_config():
         assert not config(D, False, 100)["paired"] and config(D, False, 100)["persistent"]
         backward = _attention_bwd_sm90.config
         assert backward(D, True, 8192) == {"persistent": True, "paired": True}
+        # the cross-tile overlap (two Q stages): D = 128 where a CTA runs several tiles, up to 4k without the mask
+        assert config(D, True, 8192)["overlap"] == (D == 128) and not config(D, True, 8193)["overlap"]
+        assert config(D, False, 4096)["overlap"] == (D == 128) and not config(D, False, 4097)["overlap"]
+        assert all(c["q_stages"] == (2 if c["overlap"] else 1) for c in (config(D, True, 100), config(D, False, 100)))
         assert backward(D, True, 8193) == backward(D, False, 100) == {"persistent": False, "paired": False}
 
 

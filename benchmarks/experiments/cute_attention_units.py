@@ -17,6 +17,11 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     paired      one CTA per pair
     paired+p    a persistent grid over the pairs
     tile+p      a persistent grid over the tiles
+    ...+o       (forward) with the cross-tile overlap: a tile's first S = Q K^T issued beside the last
+                P V of the CTA's tile before, its softmax while that runs, then the earlier tile's epilogue;
+                two Q buffers (``q_stages``), so that the next tile's Q is there in time
+    ...+o1      the overlap with one Q buffer (the next tile's Q loads only once this tile's last S is done)
+    tile+p+q2   two Q buffers without the overlap
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -39,12 +44,24 @@ from kcourse.blas.cute import _attention_fwd_sm90 as fwd90
 
 VARIANTS = {"tile": dict(paired=False, persistent=False), "paired": dict(paired=True, persistent=False),
             "paired+p": dict(paired=True, persistent=True), "tile+p": dict(paired=False, persistent=True)}
+# the forward's cross-tile overlap (``overlap``): a tile's first S = Q K^T beside the last P V of the tile
+# before, in a CTA that runs several tiles
+OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stages=2),
+           "paired+p+o": dict(paired=True, persistent=True, overlap=True, q_stages=2),
+           "tile+p+o": dict(paired=False, persistent=True, overlap=True, q_stages=2),
+           "tile+p+o1": dict(paired=False, persistent=True, overlap=True, q_stages=1),
+           "paired+p+o1": dict(paired=True, persistent=True, overlap=True, q_stages=1),
+           "tile+p+q2": dict(paired=False, persistent=True, q_stages=2)}
 # (B, H, Hkv, Tq, Tk, D, causal, layout)
 CASES = [(2, 4, 4, 257, 257, 64, True, "bhtd"), (1, 8, 2, 300, 300, 128, True, "bthd"),
          (1, 4, 2, 100, 333, 128, True, "bhtd"), (1, 4, 2, 333, 100, 64, True, "bhtd"),
          (3, 5, 5, 1000, 1000, 128, True, "bhtd"), (1, 2, 2, 1, 1, 128, True, "bhtd"),
          (2, 3, 1, 700, 700, 64, False, "bthd"), (1, 6, 3, 1153, 1153, 128, True, "bthd"),
-         (1, 3, 3, 1280, 1280, 128, True, "bhtd")]
+         (1, 3, 3, 1280, 1280, 128, True, "bhtd"),
+         # more units than SMs: a persistent CTA runs several (the overlap between tiles, an odd
+         # query-tile count's partnerless middle tile skipped between units)
+         (4, 16, 4, 1000, 1000, 128, False, "bthd"), (2, 32, 8, 777, 777, 64, True, "bhtd"),
+         (8, 16, 16, 300, 300, 128, False, "bhtd"), (3, 16, 16, 1000, 1000, 128, True, "bthd")]
 ATOL, RTOL = 1.6e-2, 1e-2  # the bfloat16 tolerances of the tests; gradients: atol * 4
 
 
@@ -90,14 +107,14 @@ def check(backward_too):
         lse_ref = torch.logsumexp(s, dim=-1)
         base = forward(q, k, v, causal, scale, VARIANTS["tile"])
         base_grads = backward(q, k, v, *base[:1], dout, base[1], causal, scale, VARIANTS["tile"])
-        for name, variant in VARIANTS.items():
+        for name, variant in {**VARIANTS, **OVERLAP}.items():
             out, lse = forward(q, k, v, causal, scale, variant)
             err, tol = close(out, ref, ATOL)
             lse_err = (lse.double() - lse_ref).abs().max().item()
             same = torch.equal(out, base[0]) and torch.equal(lse, base[1])
             ok = err <= tol and lse_err < 1e-3 and same
             line = f"out {err:.1e} lse {lse_err:.1e} same {same}"
-            if backward_too:
+            if backward_too and name in VARIANTS:
                 got = backward(q, k, v, base[0], dout, base[1], causal, scale, variant)
                 for g_name, g, r, b in zip(("dq", "dk", "dv"), got, grads, base_grads):
                     err, tol = close(g, r, 4 * ATOL)
@@ -110,7 +127,7 @@ def check(backward_too):
     return failures
 
 
-def bench(out_path, failures, backward_too):
+def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384)):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
@@ -118,13 +135,16 @@ def bench(out_path, failures, backward_too):
     print(json.dumps(meta), flush=True)
     rows = []
     for D in (128, 64):
-        for T in (1024, 2048, 4096, 8192, 16384):
+        for T in lengths:
             for causal in (True, False):
                 B = TOKENS // T
                 torch.manual_seed(0)
                 q, k, v, dout = (heads(B, H, T, D, "bhtd") for _ in range(4))
                 scale = 1 / math.sqrt(D)
                 names = list(VARIANTS) if causal else ["tile", "tile+p"]
+                if not backward_too:  # the forward: the adopted variants with and without the overlap
+                    names = (["paired+p", "paired+p+o", "paired+p+o1"] if causal
+                             else ["tile+p", "tile+p+o", "tile+p+o1", "tile+p+q2"])
                 flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
                 if backward_too:
                     flops *= 2.5
@@ -137,7 +157,8 @@ def bench(out_path, failures, backward_too):
                     config = bwd90.config(D, causal)
                 else:
                     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)}
-                    fns.update({n: (lambda n=n: forward(q, k, v, causal, scale, VARIANTS[n])) for n in names})
+                    every = {**VARIANTS, **OVERLAP}
+                    fns.update({n: (lambda n=n: forward(q, k, v, causal, scale, every[n])) for n in names})
                     config = fwd90.config(D, causal, T)
                 row = {"D": D, "T": T, "causal": causal, "config": config}
                 ms = {}
@@ -195,6 +216,7 @@ def main():
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--check", action="store_true", help="the checks only")
     parser.add_argument("--api", action="store_true", help="kernels, attention_backward and autograd timed")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="sequence lengths to time")
     args = parser.parse_args()
     if args.api:
         return api(args.out)
@@ -202,7 +224,7 @@ def main():
     if args.check:
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)
-    bench(args.out, failures, args.backward)
+    bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")])
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ of P V (``acc_as_operand_a``), as for mma.sync.
 Ping-pong (``pingpong``): two named barriers make the consumers take turns to issue their WGMMAs, so that
 one warpgroup's softmax runs while the other's products run, FlashAttention-3's inter-warpgroup overlap.
 
+Across tiles (``overlap``, in a CTA that runs several: persistent or paired): the next tile's first
+S = Q K^T is issued beside this tile's last P V, its softmax (into a second set of row statistics)
+runs while that P V does, then this tile's epilogue; without it the last P V, the epilogue and the
+next tile's first S each run alone. Two Q stages (``q_stages``) let the next tile's Q arrive early.
+
 The epilogue: out = O / l rounded to the dtype, stored straight from registers, rows past Tq skipped;
 lse = (c m + log2 l) ln 2, one lane of each quad per row.
 
@@ -65,6 +70,7 @@ scale are runtime arguments.
 # annotations and needs the objects, not strings (the CPU suite failed that way when the DSL ran a
 # host function it had already transformed once).
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -111,10 +117,20 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     H100 (benchmarks/results/h100-2026-11-25-session11/units-fwd.json), the persistent grid over pairs
     against one CTA per tile, longest first: 1.02-1.05x at D = 128 and 1.04-1.21x at D = 64 for
     T = 1k..8k (1.00-1.13x against one CTA per pair), 0.98-1.00x at 16k (a 7.8-round grid's last round
-    is partly idle; 2048 single tiles fill the tail better); hence pairs up to 64 query tiles."""
-    paired = causal and -(-Tq // 128) <= 64
+    is partly idle; 2048 single tiles fill the tail better); hence pairs up to 64 query tiles.
+    ``overlap``: in a CTA that runs several tiles, each tile's first S = Q K^T is issued beside the last
+    P V of the tile before, its softmax runs while that P V does, and the earlier tile's epilogue
+    follows; ``q_stages`` = 2 lets the next tile's Q arrive during this one. Measured on an H100
+    (h100-2026-11-25-session11/overlap-fwd.json, overlap2-fwd.json, two runs): at D = 128 with the
+    mask 1.05 / 1.03 / 1.03 / 1.01x at T = 1k / 2k / 4k / 8k, without it 1.03-1.04 / 1.02 / 1.01-1.02x at
+    1k / 2k / 4k and 0.95-1.01x beyond; at D = 64 0.98-0.99x with the mask and 0.88-0.93x without (the
+    overlap with one Q stage, or two Q stages without it, cost nothing in the steady state there:
+    their combination does; not understood); hence D = 128 only, and without the mask up to 4k."""
+    m_tiles = -(-Tq // 128)
+    paired = causal and m_tiles <= 64
+    overlap = D == 128 and (paired or (not causal and m_tiles <= 32))
     return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
-            "pingpong": D == 128 and not causal}
+            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -126,7 +142,7 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     c = {**config(D, causal, Tq), **variant}
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
-                                        c["pingpong"]),
+                                        c["pingpong"], c["overlap"], c["q_stages"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
                     scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
@@ -188,11 +204,13 @@ class _AttentionFwdSm90:
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
-                 pingpong: bool):
+                 pingpong: bool, overlap: bool, q_stages: int):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
         self.per_unit = 2 if paired else 1  # work tiles per unit
+        self.overlap = overlap  # a tile's first product beside the last P V of the tile before
+        self.q_stages = q_stages  # 2: the next tile's Q loads while this tile runs
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -223,7 +241,7 @@ class _AttentionFwdSm90:
 
         # --- shared memory: 128-byte-swizzled tiles, as TMA writes them and WGMMA reads them
         row_major, col_major = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
-        q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, 1)  # (bM, D, 1)
+        q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, self.q_stages)  # (bM, D, Sq)
         k_smem = sm90_utils.make_smem_layout_b(row_major, (bM, bN, D), self.dtype, self.stages)  # (bN, D, S)
         v_smem = sm90_utils.make_smem_layout_b(col_major, (bM, D, bN), self.dtype, self.stages)  # (D, bN, S)
 
@@ -235,7 +253,7 @@ class _AttentionFwdSm90:
 
         @cute.struct
         class SharedStorage:
-            q_full: cute.struct.MemRange[cutlass.Int64, 2]  # full, empty (the Q "ring" of one stage)
+            q_full: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]  # full, empty per Q stage
             k_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             v_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
@@ -263,7 +281,7 @@ class _AttentionFwdSm90:
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
         """Fresh (Q, K, V) pipeline states of a producer or a consumer: stage 0, phase 0."""
-        return (pipeline.make_pipeline_state(user, 1), pipeline.make_pipeline_state(user, self.stages),
+        return (pipeline.make_pipeline_state(user, self.q_stages), pipeline.make_pipeline_state(user, self.stages),
                 pipeline.make_pipeline_state(user, self.stages))
 
     @cute.jit
@@ -295,6 +313,19 @@ class _AttentionFwdSm90:
             n_blocks = cute.ceil_div(cutlass.min(row0 + bM, Tk), bN)
             n_masked = cutlass.min(row0 // bN, n_masked)
         return valid, m_block, h, b, row0, n_blocks, n_masked
+
+    @cute.jit
+    def next_valid_tile(self, tile: Int32, grid: Int32, Tq: Int32) -> Int32:
+        """``next_tile``, past the missing partner of a paired middle tile (an odd count's middle query
+        tile p = m_tiles - 1 - p is its unit's only tile)."""
+        nxt = self.next_tile(tile, grid)
+        if cutlass.const_expr(self.paired):
+            m_tiles = cute.ceil_div(Tq, self.tile_m)
+            p = nxt // 2 % cute.ceil_div(m_tiles, 2)
+            if nxt % 2 == 1:
+                if p >= m_tiles - 1 - p:
+                    nxt = self.next_tile(nxt, grid)
+        return nxt
 
     @cute.jit
     def next_tile(self, tile: Int32, grid: Int32) -> Int32:
@@ -337,7 +368,7 @@ class _AttentionFwdSm90:
                 consumer_group=consumers, tx_count=cute.size_in_bytes(self.dtype, cute.slice_(layout, (None, None, 0))),
                 cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
 
-        q_pipe = ring(storage.q_full, 1, q_smem)
+        q_pipe = ring(storage.q_full, self.q_stages, q_smem)
         k_pipe = ring(storage.k_barriers, self.stages, k_smem)
         v_pipe = ring(storage.v_barriers, self.stages, v_smem)
         pipeline.pipeline_init_arrive()
@@ -362,7 +393,8 @@ class _AttentionFwdSm90:
                         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                            cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2))
                         q_pipe.producer_acquire(q_state)  # the previous tile's last S = Q K^T is done
-                        cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                        cute.copy(tma_q, tQgQ, tQsQ[(None, q_state.index)],
+                                  tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                         q_state.advance()
                         for i in cutlass.range(n_blocks, unroll=1):
                             n = n_blocks - 1 - i
@@ -381,129 +413,237 @@ class _AttentionFwdSm90:
             self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx,
                          bx, grid, units, Tq, Tk, H, scale_log2)
 
+    def registers(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
+                  sVt: cute.Tensor, tidx: Int32, wg_idx: Int32) -> SimpleNamespace:
+        """A consumer warpgroup's fragments: smem descriptors of Q, K and V^T, the O accumulator, P, the
+        row statistics (``_next``: the next tile's, while this tile's last P V runs) and coordinates."""
+        D, bM, bN = self.D, self.tile_m, self.tile_n
+        wg_qk = mma_qk.get_slice(wg_idx * self.threads_per_wg)
+        wg_pv = mma_pv.get_slice(wg_idx * self.threads_per_wg)
+        r = SimpleNamespace(wg_qk=wg_qk)
+        r.tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K, Sq)
+        r.tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, S)
+        r.tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))  # (MMA, MMA_N, MMA_K, S)
+        r.acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((bM, D)), Float32)  # ((2, 2, D/8), 1, 1)
+        r.tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((bM, bN)))  # ((2, 2, 2), 1, bN/16) of dtype
+        r.O = mn_view(r.acc_o)  # (2 rows, D/4 columns) of this thread
+        r.cS = mn_view(mma_qk.get_slice(tidx).partition_C(cute.make_identity_tensor((bM, bN))))
+        rows = cute.size(r.O, mode=[0])
+        for name in ("row_max", "row_sum", "alpha", "row_max_next", "row_sum_next"):
+            setattr(r, name, cute.make_rmem_tensor((rows,), Float32))
+        r.cO = mn_view(mma_pv.get_slice(tidx).partition_C(cute.make_identity_tensor((bM, D))))  # (rows, cols)
+        r.rO = cute.make_rmem_tensor_like(r.acc_o, self.dtype)
+        return r
+
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32,
                 wg_idx: Int32, first: Int32, step: Int32, units: Int32, Tq: Int32, Tk: Int32, H: Int32,
                 scale_log2: Float32):
         """A consumer warpgroup: its 64 rows of out and lse, for the tiles of units first, first + step, ..."""
-        D, bM, bN = self.D, self.tile_m, self.tile_n
-        # operands: smem descriptors for Q, K and V^T; P in registers
-        wg_qk = mma_qk.get_slice(wg_idx * self.threads_per_wg)
-        wg_pv = mma_pv.get_slice(wg_idx * self.threads_per_wg)
-        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K, 1)
-        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, S)
-        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))  # (MMA, MMA_N, MMA_K, S)
-        acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((bM, D)), Float32)  # ((2, 2, D/8), 1, 1)
-        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((bM, bN)))  # ((2, 2, 2), 1, bN/16) of dtype
-        O = mn_view(acc_o)  # (2 rows, D/4 columns) of this thread
-        cS = mn_view(mma_qk.get_slice(tidx).partition_C(cute.make_identity_tensor((bM, bN))))
-        rows = cute.size(O, mode=[0])
-        row_max = cute.make_rmem_tensor((rows,), Float32)
-        row_sum = cute.make_rmem_tensor((rows,), Float32)
-        alpha = cute.make_rmem_tensor((rows,), Float32)
-        thr_pv = mma_pv.get_slice(tidx)
-        cO = mn_view(thr_pv.partition_C(cute.make_identity_tensor((bM, D))))  # (rows, cols) coordinates
-        rO = cute.make_rmem_tensor_like(acc_o, self.dtype)
-
+        r = self.registers(mma_qk, mma_pv, sQ, sK, sVt, tidx, wg_idx)
         if cutlass.const_expr(self.pingpong):
             if wg_idx == 1:  # warpgroup 0 issues first
                 cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier, number_of_threads=2 * self.threads_per_wg)
 
+        pipes = (q_pipe, k_pipe, v_pipe)
         q_state, k_read, v_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
-        tile = first * self.per_unit
-        while tile < units * self.per_unit:
-            valid, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
-            if valid:
-                q_state, k_read, v_read = self.consume_tile(
-                    wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO, row_max, row_sum,
-                    alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
-                    n_blocks, n_masked, Tq, Tk, scale_log2)
-            tile = self.next_tile(tile, step)
+        tile, end = first * self.per_unit, units * self.per_unit  # a unit's first tile is always valid
+        if cutlass.const_expr(self.overlap):
+            if tile < end:  # the first tile's first scores: the only ones with nothing beside them
+                _, _, _, _, row0, n_blocks, _ = self.work_tile(tile, Tq, Tk, H)
+                self.reset(r, r.row_max, r.row_sum)
+                r.acc_o.fill(0.0)
+                q_pipe.consumer_wait(q_state)
+                k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
+            while tile < end:
+                nxt = self.next_valid_tile(tile, step, Tq)
+                q_state, k_read, v_read = self.overlapped_tile(
+                    r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, tile, nxt < end, nxt,
+                    Tq, Tk, H, scale_log2)
+                tile = nxt
+        else:
+            while tile < end:
+                valid, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
+                if valid:
+                    q_state, k_read, v_read = self.consume_tile(
+                        r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
+                        n_blocks, n_masked, Tq, Tk, scale_log2)
+                tile = self.next_tile(tile, step)
 
     @cute.jit
-    def consume_tile(self, wg_qk, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_o, rO, O, cS, cO,
-                     row_max, row_sum, alpha, q_pipe, k_pipe, v_pipe, q_state, k_read, v_read,
-                     mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32, wg_idx: Int32, h: Int32, b: Int32,
-                     row0: Int32, n_blocks: Int32, n_masked: Int32, Tq: Int32, Tk: Int32, scale_log2: Float32):
-        """One work tile: 64 rows of out and lse. Returns the advanced pipeline states (assigned in the
-        caller's loop, so that the DSL carries them from one tile to the next)."""
-        D, bM, bN = self.D, self.tile_m, self.tile_n
-        rows = cute.size(O, mode=[0])
-        barrier_mine = self.pingpong_barrier + wg_idx
-        barrier_other = self.pingpong_barrier + 1 - wg_idx
-        pair = 2 * self.threads_per_wg
+    def reset(self, r, row_max: cute.Tensor, row_sum: cute.Tensor):
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
-        acc_o.fill(0.0)
-        q_pipe.consumer_wait(q_state)
 
-        # --- the last key tile: S, mask, P (always masked: the Tk tail or the causal diagonal)
-        n_last = n_blocks - 1
+    @cute.jit
+    def first_scores(self, r, mma_qk, k_pipe, k_read, q_state, row0: Int32, n_blocks: Int32, Tk: Int32,
+                     scale_log2: Float32):
+        """S = Q K^T of a tile's last key tile (always masked: the Tk tail or the causal diagonal), alone,
+        then its softmax into (row_max, row_sum), and P. Returns the advanced K state."""
+        bM, bN = self.tile_m, self.tile_n
         k_pipe.consumer_wait(k_read)
         # S accumulators are fresh registers for every product (zero_init ignores their values): an
         # accumulator carried around the tile loop makes ptxas serialize every WGMMA
-        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)  # ((2, 2, bN/8), 1, 1)
+        acc_s = cute.make_rmem_tensor(r.wg_qk.partition_shape_C((bM, bN)), Float32)  # ((2, 2, bN/8), 1, 1)
         S = mn_view(acc_s)  # (2 rows, bN/4 columns) of this thread
-        wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
+        wgmma(mma_qk, acc_s, r.tSrQ[None, None, None, q_state.index], r.tSrK[None, None, None, k_read.index],
+              zero_init=True)
         warpgroup.wait_group(0)
         k_pipe.consumer_release(k_read)
         k_read.advance()
-        _mask_scores(S, cS, row0, n_last * bN, Tk, self.causal)
-        softmax_tile(S, row_max, row_sum, alpha, scale_log2)
-        tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+        _mask_scores(S, r.cS, row0, (n_blocks - 1) * bN, Tk, self.causal)
+        softmax_tile(S, r.row_max, r.row_sum, r.alpha, scale_log2)
+        r.tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+        return k_read
 
-        # --- every other tile: S of tile n and P V of tile n + 1 in flight together
+    @cute.jit
+    def key_tiles(self, r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, wg_idx: Int32, row0: Int32,
+                  n_blocks: Int32, n_masked: Int32, Tk: Int32, scale_log2: Float32):
+        """Key tiles n_blocks - 2 down to 0 of a tile whose last key tile's P is in registers: S of tile n
+        and P V of tile n + 1 in flight together. Returns the advanced K and V states."""
+        bM, bN = self.tile_m, self.tile_n
+        _, k_pipe, v_pipe = pipes
+        rows = cute.size(r.O, mode=[0])
+        barrier_mine = self.pingpong_barrier + wg_idx
+        barrier_other = self.pingpong_barrier + 1 - wg_idx
+        pair = 2 * self.threads_per_wg
         for i in cutlass.range(1, n_blocks, unroll=1):
-            n = n_last - i
+            n = n_blocks - 1 - i
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=barrier_mine, number_of_threads=pair)
             k_pipe.consumer_wait(k_read)
-            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((bM, bN)), Float32)
+            acc_s = cute.make_rmem_tensor(r.wg_qk.partition_shape_C((bM, bN)), Float32)
             S = mn_view(acc_s)
-            wgmma(mma_qk, acc_s, tSrQ[None, None, None, 0], tSrK[None, None, None, k_read.index], zero_init=True)
+            wgmma(mma_qk, acc_s, r.tSrQ[None, None, None, q_state.index], r.tSrK[None, None, None, k_read.index],
+                  zero_init=True)
             v_pipe.consumer_wait(v_read)
-            wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
+            wgmma(mma_pv, r.acc_o, r.tOrP, r.tOrVt[None, None, None, v_read.index], zero_init=False)
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier_arrive(barrier_id=barrier_other, number_of_threads=pair)
             warpgroup.wait_group(1)  # S is ready (P V may still run)
             k_pipe.consumer_release(k_read)
             k_read.advance()
             if n >= n_masked:
-                _mask_scores(S, cS, row0, n * bN, Tk, self.causal)
-            softmax_tile(S, row_max, row_sum, alpha, scale_log2)
+                _mask_scores(S, r.cS, row0, n * bN, Tk, self.causal)
+            softmax_tile(S, r.row_max, r.row_sum, r.alpha, scale_log2)
             warpgroup.wait_group(0)  # P V has read P and written O
             v_pipe.consumer_release(v_read)
             v_read.advance()
-            for r in cutlass.range_constexpr(rows):
-                O[r, None].store(O[r, None].load() * alpha[r])
-            tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+            for j in cutlass.range_constexpr(rows):
+                r.O[j, None].store(r.O[j, None].load() * r.alpha[j])
+            r.tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+        return k_read, v_read
 
-        q_pipe.consumer_release(q_state)  # the last S = Q K^T is done: the next tile's Q may come in
-        q_state.advance()
-
-        # --- the first key tile's P V
+    @cute.jit
+    def last_pv(self, r, mma_pv, v_pipe, v_read):
+        """The first key tile's P V, alone. Returns the advanced V state."""
         v_pipe.consumer_wait(v_read)
-        wgmma(mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_read.index], zero_init=False)
+        wgmma(mma_pv, r.acc_o, r.tOrP, r.tOrVt[None, None, None, v_read.index], zero_init=False)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(v_read)
         v_read.advance()
+        return v_read
 
-        # --- out = O / l, lse = (c m + log2 l) ln 2
+    @cute.jit
+    def consume_tile(self, r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO: cute.Tensor, mLSE: cute.Tensor,
+                     tidx: Int32, wg_idx: Int32, h: Int32, b: Int32, row0: Int32, n_blocks: Int32, n_masked: Int32,
+                     Tq: Int32, Tk: Int32, scale_log2: Float32):
+        """One work tile, its first and last products alone: 64 rows of out and lse. Returns the advanced
+        pipeline states (assigned in the caller's loop, so that the DSL carries them from one tile to the
+        next)."""
+        q_pipe, k_pipe, v_pipe = pipes
+        self.reset(r, r.row_max, r.row_sum)
+        r.acc_o.fill(0.0)
+        q_pipe.consumer_wait(q_state)
+        k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
+        k_read, v_read = self.key_tiles(r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, wg_idx, row0, n_blocks,
+                                        n_masked, Tk, scale_log2)
+        q_pipe.consumer_release(q_state)  # the last S = Q K^T is done: the next tile's Q may come in
+        q_state.advance()
+        v_read = self.last_pv(r, mma_pv, v_pipe, v_read)
+        self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+        return q_state, k_read, v_read
+
+    @cute.jit
+    def overlapped_tile(self, r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO: cute.Tensor,
+                        mLSE: cute.Tensor, tidx: Int32, wg_idx: Int32, tile: Int32, has_next, nxt: Int32, Tq: Int32,
+                        Tk: Int32, H: Int32, scale_log2: Float32):
+        """One work tile whose first scores are already P (``overlap``): its other key tiles, then, when
+        a next tile follows, that tile's first S = Q K^T issued beside this tile's last P V and its
+        softmax run while the P V does; then this tile's epilogue. Returns the advanced states."""
+        q_pipe, _, v_pipe = pipes
+        _, _, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
+        k_read, v_read = self.key_tiles(r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, wg_idx, row0, n_blocks,
+                                        n_masked, Tk, scale_log2)
+        q_pipe.consumer_release(q_state)  # this tile's last S = Q K^T is done
+        q_state.advance()
+        if has_next:
+            k_read, v_read = self.boundary(r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx,
+                                           h, b, row0, nxt, Tq, Tk, H, scale_log2)
+        else:
+            v_read = self.last_pv(r, mma_pv, v_pipe, v_read)
+            self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+        return q_state, k_read, v_read
+
+    @cute.jit
+    def boundary(self, r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO: cute.Tensor, mLSE: cute.Tensor,
+                 tidx: Int32, wg_idx: Int32, h: Int32, b: Int32, row0: Int32, nxt: Int32, Tq: Int32, Tk: Int32,
+                 H: Int32, scale_log2: Float32):
+        """Between two tiles: the next tile's first S = Q K^T (its last key tile) beside this tile's last
+        P V, the next tile's softmax while the P V runs, then this tile's epilogue; the next tile's
+        statistics and P take over. Returns the advanced K and V states."""
+        bM, bN = self.tile_m, self.tile_n
+        q_pipe, k_pipe, v_pipe = pipes
+        _, _, _, _, row0_next, n_blocks_next, _ = self.work_tile(nxt, Tq, Tk, H)
+        pair = 2 * self.threads_per_wg
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=self.pingpong_barrier + wg_idx, number_of_threads=pair)
+        q_pipe.consumer_wait(q_state)  # the next tile's Q (the other stage)
+        k_pipe.consumer_wait(k_read)
+        acc_s = cute.make_rmem_tensor(r.wg_qk.partition_shape_C((bM, bN)), Float32)
+        S = mn_view(acc_s)
+        wgmma(mma_qk, acc_s, r.tSrQ[None, None, None, q_state.index], r.tSrK[None, None, None, k_read.index],
+              zero_init=True)
+        v_pipe.consumer_wait(v_read)
+        wgmma(mma_pv, r.acc_o, r.tOrP, r.tOrVt[None, None, None, v_read.index], zero_init=False)
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier + 1 - wg_idx, number_of_threads=pair)
+        warpgroup.wait_group(1)  # the next tile's S is ready
+        k_pipe.consumer_release(k_read)
+        k_read.advance()
+        self.reset(r, r.row_max_next, r.row_sum_next)
+        _mask_scores(S, r.cS, row0_next, (n_blocks_next - 1) * bN, Tk, self.causal)
+        softmax_tile(S, r.row_max_next, r.row_sum_next, r.alpha, scale_log2)
+        warpgroup.wait_group(0)  # this tile's last P V is done
+        v_pipe.consumer_release(v_read)
+        v_read.advance()
+        self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+        r.row_max.store(r.row_max_next.load())
+        r.row_sum.store(r.row_sum_next.load())
+        r.acc_o.fill(0.0)
+        r.tOrP.store(acc_as_operand_a(acc_s).load().to(self.dtype))
+        return k_read, v_read
+
+    @cute.jit
+    def epilogue(self, r, mma_pv, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32, h: Int32, b: Int32,
+                 row0: Int32, Tq: Int32, scale_log2: Float32):
+        """out = O / l rounded to the dtype, lse = (c m + log2 l) ln 2, rows past Tq skipped."""
+        D, bM = self.D, self.tile_m
+        rows = cute.size(r.O, mode=[0])
         lane = tidx % 32
-        for r in cutlass.range_constexpr(rows):
-            l = quad_sum(row_sum[r])
-            O[r, None].store(O[r, None].load() * (1.0 / l))
-            row = row0 + cS[r, 0][0]
+        for j in cutlass.range_constexpr(rows):
+            l = quad_sum(r.row_sum[j])
+            r.O[j, None].store(r.O[j, None].load() * (1.0 / l))
+            row = row0 + r.cS[j, 0][0]
             if lane % 4 == 0:  # the quad's lanes hold the same row: one writes it
                 if row < Tq:
-                    mLSE[row, h, b] = (row_max[r] * scale_log2 + cute.math.log2(l)) * LN2
+                    mLSE[row, h, b] = (r.row_max[j] * scale_log2 + cute.math.log2(l)) * LN2
         # each thread's (row, 2t..2t+1) pairs are 4 contiguous bytes: one store each
         gO = mn_view(mma_pv.get_slice(tidx).partition_C(
             cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0))))
-        rO.store(acc_o.load().to(self.dtype))
-        rO_rows = mn_view(rO)
-        for r in cutlass.range_constexpr(rows):
-            if row0 + cO[r, 0][0] < Tq:
-                cute.autovec_copy(rO_rows[r, None], gO[r, None])
-        return q_state, k_read, v_read
+        r.rO.store(r.acc_o.load().to(self.dtype))
+        rO_rows = mn_view(r.rO)
+        for j in cutlass.range_constexpr(rows):
+            if row0 + r.cO[j, 0][0] < Tq:
+                cute.autovec_copy(rO_rows[j, None], gO[j, None])
