@@ -78,7 +78,7 @@ from cutlass.tensor_utils import LayoutEnum
 from .._layout import tma_strides
 from . import _compile
 from ._attention_fwd import head_tensor, mn_view, row_tensor
-from ._attention_fwd_sm90 import acc_as_operand_a, thread_roles, wgmma
+from ._attention_fwd_sm90 import acc_as_operand_a, next_tile, thread_roles, wgmma
 from ._attention_fwd_sm90 import supports as forward_supports
 from ._reduce import sm_count
 
@@ -397,18 +397,6 @@ class _AttentionBwdSm90:
                 n_block = n_blocks - 1 - n_block
         return valid, n_block, hk, b
 
-    @cute.jit
-    def next_tile(self, tile: Int32, ctas: Int32) -> Int32:
-        """The tile after ``tile`` in a CTA's walk: the unit's other tile, or the first of the unit
-        ``ctas`` further on."""
-        if cutlass.const_expr(self.paired):
-            tile += 1
-            if tile % 2 == 0:
-                tile += 2 * (ctas - 1)
-        else:
-            tile += ctas
-        return tile
-
     def pipeline_states(self, user: pipeline.PipelineUserType):
         """Fresh (K and V, Q, dO) pipeline states of a producer or a consumer: stage 0, phase 0."""
         return (pipeline.make_pipeline_state(user, 1), pipeline.make_pipeline_state(user, self.stages),
@@ -500,7 +488,7 @@ class _AttentionBwdSm90:
                                 bulk_reduce_add(sdQ[None, w].iterator, mAcc[None, w, m_block, h, b].iterator,
                                                 bM * D * 2)
                             cute.arch.cp_async_bulk_commit_group()
-                    tile = self.next_tile(tile, ctas)
+                    tile = next_tile(tile, ctas, self.paired)
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the engine has read the last buffers
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
@@ -551,7 +539,7 @@ class _AttentionBwdSm90:
                         bulk_load(mDelta[None, h, b].iterator + m_block * bM, sDelta[None, do_state.index].iterator,
                                   bar, bM * 4)
                     do_state.advance()
-            tile = self.next_tile(tile, ctas)
+            tile = next_tile(tile, ctas, self.paired)
 
     @cute.jit
     def consume(self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, sQ: cute.Tensor,
@@ -596,7 +584,7 @@ class _AttentionBwdSm90:
                     tdQrK, tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe,
                     do_pipe, kv_read, q_read, do_read, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count,
                     count * group, scale_log2, scale)
-            tile = self.next_tile(tile, ctas)
+            tile = next_tile(tile, ctas, self.paired)
 
     @cute.jit
     def consume_tile(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ,

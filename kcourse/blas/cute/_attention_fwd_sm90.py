@@ -188,6 +188,20 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Te
     warpgroup.commit_group()
 
 
+@cute.jit
+def next_tile(tile: Int32, grid: Int32, paired: cutlass.Constexpr) -> Int32:
+    """The work tile after ``tile`` in a persistent CTA's walk, where grid CTAs walk the work units and
+    a unit is one tile, or two (``paired``: tiles 2 u and 2 u + 1): the unit's other tile, or the first
+    of the unit ``grid`` further on. (Used by the forward and the backward.)"""
+    if cutlass.const_expr(paired):
+        tile += 1
+        if tile % 2 == 0:
+            tile += 2 * (grid - 1)
+    else:
+        tile += grid
+    return tile
+
+
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
@@ -318,26 +332,14 @@ class _AttentionFwdSm90:
     def next_valid_tile(self, tile: Int32, grid: Int32, Tq: Int32) -> Int32:
         """``next_tile``, past the missing partner of a paired middle tile (an odd count's middle query
         tile p = m_tiles - 1 - p is its unit's only tile)."""
-        nxt = self.next_tile(tile, grid)
+        nxt = next_tile(tile, grid, self.paired)
         if cutlass.const_expr(self.paired):
             m_tiles = cute.ceil_div(Tq, self.tile_m)
             p = nxt // 2 % cute.ceil_div(m_tiles, 2)
             if nxt % 2 == 1:
                 if p >= m_tiles - 1 - p:
-                    nxt = self.next_tile(nxt, grid)
+                    nxt = next_tile(nxt, grid, self.paired)
         return nxt
-
-    @cute.jit
-    def next_tile(self, tile: Int32, grid: Int32) -> Int32:
-        """The tile after ``tile`` in a CTA's walk: the unit's other tile, or the first of the unit
-        ``grid`` further on."""
-        if cutlass.const_expr(self.paired):
-            tile += 1
-            if tile % 2 == 0:
-                tile += 2 * (grid - 1)
-        else:
-            tile += grid
-        return tile
 
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
@@ -406,7 +408,7 @@ class _AttentionFwdSm90:
                             cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
                                       tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
                             v_state.advance()
-                    tile = self.next_tile(tile, grid)
+                    tile = next_tile(tile, grid, self.paired)
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -469,7 +471,7 @@ class _AttentionFwdSm90:
                     q_state, k_read, v_read = self.consume_tile(
                         r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
                         n_blocks, n_masked, Tq, Tk, scale_log2)
-                tile = self.next_tile(tile, step)
+                tile = next_tile(tile, step, self.paired)
 
     @cute.jit
     def reset(self, r, row_max: cute.Tensor, row_sum: cute.Tensor):
