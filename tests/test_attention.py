@@ -297,3 +297,53 @@ def test_attention_deterministic_mode(backend, causal):
         torch.use_deterministic_algorithms(was)
     assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
     assert_matches(first, forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout))
+
+
+# (B, H, Hkv, Tq, Tk, D, causal, layout): more work units than an H100 has SMs, so that a persistent
+# CTA runs several tiles (the overlap between them) and, paired, an odd query-tile count's middle tile
+HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 777, 64), True, "contiguous"),
+                ((3, 16, 16, 1000, 1000, 128), True, "bthd")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HOPPER_UNITS, ids=str)
+def test_cute_hopper_work_units(case):
+    """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
+    persistent grid, the forward's overlap of tiles with one or two Q buffers) change no bit of out,
+    lse, dk, dv (a tile's arithmetic is the same whichever CTA runs it; dq's float32 sums come in a
+    varying order), and the configured one matches the reference."""
+    require_backend("cute")
+    from kcourse.blas.cute import _attention_bwd_sm90 as bwd90, _attention_fwd_sm90 as fwd90, _compile
+
+    if _compile.target() != "sm_90a":
+        pytest.skip("the Hopper kernels run on sm_90a")
+    shape, causal, layout = case
+    B, H, Hkv, Tq, Tk, D = shape
+    q, k, v = qkv(*shape, torch.bfloat16, layout)
+    dout = randn(B, H, Tq, D, dtype=torch.bfloat16)
+    scale = D ** -0.5
+
+    def forward(**variant):
+        out = torch.empty(B, H, Tq, D, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+        fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
+        return out, lse
+
+    def backward(out, lse, **variant):
+        grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+        bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, *grads, causal, scale, **variant)
+        return grads
+
+    one = dict(persistent=False, paired=False)
+    out, lse = forward(**one, overlap=False, q_stages=1)
+    for variant in ({}, dict(persistent=True, paired=causal, overlap=True, q_stages=1),
+                    dict(persistent=True, paired=causal, overlap=True, q_stages=2)):
+        got = forward(**variant)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse), variant
+    dq, dk, dv = backward(out, lse, **one)
+    for variant in ({}, dict(persistent=True, paired=causal)):
+        got = backward(out, lse, **variant)
+        assert torch.equal(got[1], dk) and torch.equal(got[2], dv), variant
+        assert_close(got[0], dq, k=GRAD_K)
+    expected = forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout)
+    assert_matches((out, [dq, dk, dv]), expected)
