@@ -54,8 +54,9 @@ with opposite majorness (Q is B of S^T = K Q^T, K-major, and B of dK = dS^T Q, M
 canonical MN-major WGMMA layout too.
 
 What it takes: as ``_attention_fwd_sm90.supports`` (float16 / bfloat16, D in {64, 128}, scale > 0,
-sm_90a, strides TMA can describe), and dout the same. Compile key: (dtype, D, causal) for the main
-kernel, (dtype, D) for the other two; sizes, strides and the scale are runtime arguments.
+sm_90a, strides TMA can describe), and dout the same. Compile key: (dtype, D, causal, paired) for the
+main kernel, (dtype, D) for the other two; sizes, strides, the scale (and the persistent grid's CTA
+count) are runtime arguments.
 """
 
 # No ``from __future__ import annotations``: ``cute.struct`` needs the annotation objects (see

@@ -62,8 +62,8 @@ lse = (c m + log2 l) ln 2, one lane of each quad per row.
 
 What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
 unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
-and 16-byte aligned base addresses. Compile key: (dtype, D, causal, pingpong); sizes, strides and the
-scale are runtime arguments.
+and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and ``config``'s variant (tile_n,
+persistent, paired, pingpong, overlap, q_stages); sizes, strides and the scale are runtime arguments.
 """
 
 # No ``from __future__ import annotations`` here: ``cute.struct`` reads its fields from the class's
@@ -105,7 +105,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
 
 def config(D: int, causal: bool, Tq: int) -> dict:
     """The kernel's variant for a head dim, mask and query length: keys per tile, work units (one query
-    tile or a pair), persistent grid, ping-pong.
+    tile or a pair), persistent grid, ping-pong, the overlap of tiles and Q buffers.
 
     Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
     benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
@@ -115,7 +115,7 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     ``paired`` (causal): a unit is two query tiles, m and m_tiles - 1 - m, so that every unit has the
     same number of key tiles; then the static order of a persistent grid balances too. Measured on an
     H100 (benchmarks/results/h100-2026-11-25-session11/units-fwd.json), the persistent grid over pairs
-    against one CTA per tile, longest first: 1.02-1.05x at D = 128 and 1.04-1.21x at D = 64 for
+    against one CTA per tile, longest first: 1.02-1.04x at D = 128 and 1.04-1.21x at D = 64 for
     T = 1k..8k (1.00-1.13x against one CTA per pair), 0.98-1.00x at 16k (a 7.8-round grid's last round
     is partly idle; 2048 single tiles fill the tail better); hence pairs up to 64 query tiles.
     ``overlap``: in a CTA that runs several tiles, each tile's first S = Q K^T is issued beside the last
@@ -454,7 +454,7 @@ class _AttentionFwdSm90:
         if cutlass.const_expr(self.overlap):
             if tile < end:  # the first tile's first scores: the only ones with nothing beside them
                 _, _, _, _, row0, n_blocks, _ = self.work_tile(tile, Tq, Tk, H)
-                self.reset(r, r.row_max, r.row_sum)
+                self.reset(r.row_max, r.row_sum)
                 r.acc_o.fill(0.0)
                 q_pipe.consumer_wait(q_state)
                 k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
@@ -474,7 +474,8 @@ class _AttentionFwdSm90:
                 tile = next_tile(tile, step, self.paired)
 
     @cute.jit
-    def reset(self, r, row_max: cute.Tensor, row_sum: cute.Tensor):
+    def reset(self, row_max: cute.Tensor, row_sum: cute.Tensor):
+        """Row statistics before a tile's first key tile: no max yet, an empty sum."""
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
 
@@ -555,7 +556,7 @@ class _AttentionFwdSm90:
         pipeline states (assigned in the caller's loop, so that the DSL carries them from one tile to the
         next)."""
         q_pipe, k_pipe, v_pipe = pipes
-        self.reset(r, r.row_max, r.row_sum)
+        self.reset(r.row_max, r.row_sum)
         r.acc_o.fill(0.0)
         q_pipe.consumer_wait(q_state)
         k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
@@ -614,7 +615,7 @@ class _AttentionFwdSm90:
         warpgroup.wait_group(1)  # the next tile's S is ready
         k_pipe.consumer_release(k_read)
         k_read.advance()
-        self.reset(r, r.row_max_next, r.row_sum_next)
+        self.reset(r.row_max_next, r.row_sum_next)
         _mask_scores(S, r.cS, row0_next, (n_blocks_next - 1) * bN, Tk, self.causal)
         softmax_tile(S, r.row_max_next, r.row_sum_next, r.alpha, scale_log2)
         warpgroup.wait_group(0)  # this tile's last P V is done
