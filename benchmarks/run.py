@@ -10,7 +10,8 @@ Method
 * Inputs are random (``torch.randn``), never zeros, and one set of inputs per (op, dtype, size) is
   shared by every backend.
 * Before timing, each point runs once and its result is checked; a fast wrong kernel is reported as
-  WRONG, not as fast. That first call also pays any JIT compile or autotuning (``first_call_s``),
+  WRONG, not as fast. That first call also pays any JIT compile or autotuning (``first_call_s``;
+  the configs the triton autotuner picked in it are recorded as ``autotuned``),
   so it is not in the timing.
   - BLAS ops: compared with plain PyTorch computed in float32 (``torch.dot``, ``torch.mv``,
     ``torch.addr``, ``torch.matmul``; written here, independent of the code under test) with
@@ -71,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import math
 import platform
@@ -485,17 +487,36 @@ def rates(p: dict, case: Case, ms: float, ceiling: float) -> None:
         p["fraction"] = p["gbs"] / ceiling if ceiling else None
 
 
+def autotuners(op: str) -> dict:
+    """Every ``triton.autotune``d kernel of the kcourse.blas.triton modules (``op``'s imported first),
+    by ``module.kernel`` name (none without triton)."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+        importlib.import_module(f"kcourse.blas.triton.{op}")
+    except ImportError:
+        return {}
+    return {f"{name.rsplit('.', 1)[1]}.{attr}": value for name, module in list(sys.modules.items())
+            if name.startswith("kcourse.blas.triton.") for attr, value in vars(module).items()
+            if isinstance(value, Autotuner)}
+
+
 def measure(case: Case, label: str, call: Callable, direction: str, timer, ceiling: float) -> dict:
     """Check once, then time, one point: ``call(inputs)`` (a backend or torch's reference) in one
     direction; never raises."""
     p = new_point(case, label, direction)
     try:
         want = case.op.expect(case.inputs) if case.op.expect else case.want[direction]
+        tuners = autotuners(case.op.name)
+        tuned_before = {name: set(tuner.cache) for name, tuner in tuners.items()}
         t0 = time.perf_counter()
         fn = timed_call(case, call, direction)
         got = fn()
         sync(case.device)
         p["first_call_s"] = time.perf_counter() - t0
+        picks = {name: str(config) for name, tuner in tuners.items() for key, config in tuner.cache.items()
+                 if key not in tuned_before[name]}  # what the autotuner chose in that first call
+        if picks:
+            p["autotuned"] = picks
         p["checked"], p["check_error"] = check(case, direction, got, want)
         del want, got
         rates(p, case, timer(fn), ceiling)
