@@ -329,16 +329,14 @@ class _AttentionFwdSm90:
         return valid, m_block, h, b, row0, n_blocks, n_masked
 
     @cute.jit
-    def next_valid_tile(self, tile: Int32, grid: Int32, Tq: Int32) -> Int32:
-        """``next_tile``, past the missing partner of a paired middle tile (an odd count's middle query
-        tile p = m_tiles - 1 - p is its unit's only tile)."""
+    def next_valid_tile(self, tile: Int32, grid: Int32, Tq: Int32, Tk: Int32, H: Int32) -> Int32:
+        """``next_tile``, past a tile that ``work_tile`` calls not valid (the missing partner of an odd
+        count's paired middle tile; the tile after it, a unit's first, always is)."""
         nxt = next_tile(tile, grid, self.paired)
         if cutlass.const_expr(self.paired):
-            m_tiles = cute.ceil_div(Tq, self.tile_m)
-            p = nxt // 2 % cute.ceil_div(m_tiles, 2)
-            if nxt % 2 == 1:
-                if p >= m_tiles - 1 - p:
-                    nxt = next_tile(nxt, grid, self.paired)
+            valid = self.work_tile(nxt, Tq, Tk, H)[0]
+            if not valid:
+                nxt = next_tile(nxt, grid, self.paired)
         return nxt
 
     @cute.kernel
@@ -459,7 +457,7 @@ class _AttentionFwdSm90:
                 q_pipe.consumer_wait(q_state)
                 k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
             while tile < end:
-                nxt = self.next_valid_tile(tile, step, Tq)
+                nxt = self.next_valid_tile(tile, step, Tq, Tk, H)
                 q_state, k_read, v_read = self.overlapped_tile(
                     r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, tile, nxt < end, nxt,
                     Tq, Tk, H, scale_log2)
