@@ -61,8 +61,7 @@ ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy:
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
 STREAM_BACKWARD = 16  # ... backward (x, dy, weight, and two column sums)
 CTAS_PER_SM = 2  # backward grid: about what fits on an SM at once (64 KB of accumulators, ~128 registers)
-SUM_ROWS = 8  # column_sum_kernel: partial rows read at once (one per warp)
-SUM_UNROLL = 4  # ... and steps of SUM_ROWS rows unrolled (each warp has that many loads in flight)
+SUM_UNROLL = 4  # column_sum_kernel: steps of its loop unrolled (each thread has that many loads in flight)
 
 
 # ----------------------------------------------------------------------------- device helpers
@@ -340,56 +339,80 @@ def _store_partials(acc: cute.Tensor, mPartials: cute.Tensor, cta, start, D: Int
             mPartials[cta, col] = acc[i]
 
 
-def _column_sum_factory(dtype, vec: int):
-    """out[j] = sum_p partials[p, j] in order, rounded to ``dtype``; ``vec`` float32 columns per access."""
-    tile = (SUM_ROWS, _reduce.WARP * vec)  # (partial rows, columns) read at once: a warp per row
+def _column_sum_factory(dtype, vec: int, sets: int):
+    """out_s[j] = sum_p partials[s, p, j] in a fixed order, rounded to ``dtype``, for each of the ``sets``
+    (1 or 2) sets of partials (S, P, D); ``vec`` float32 columns per access.
+
+    CTA (b, s) takes columns [32 b, 32 b + 32) of set s: a row of its tile is one 128-byte line
+    (``lanes`` = 32 / vec threads), and its 256 threads read ``rows`` = 8 vec partial rows at once
+    (32 at vec 4), ``SUM_UNROLL`` steps in flight. Each thread adds its rows p = r, r + rows, ...; the
+    rows a warp holds meet by shuffles, the 8 warps in shared memory, added in order by the first 32
+    threads (one column each). At D = 8192 that is 256 CTAs a set (a CTA a warp-row of 32 vec
+    columns, as before, made 64 for 132 SMs)."""
+    lanes = _reduce.WARP // vec  # threads across a tile row
+    rows = THREADS // lanes  # partial rows a step reads
     warps = THREADS // _reduce.WARP
+    tile = (rows, _reduce.WARP)
+    offsets = tuple(lanes << i for i in range((_reduce.WARP // lanes).bit_length() - 1))  # a warp's rows, by xor
 
     @cute.kernel
-    def column_sum_kernel(mP: cute.Tensor, mOut: cute.Tensor, tiled_copy: cute.TiledCopy):
-        # mP: (P, D) float32; mOut: (D,). CTA b: columns [b * 32 VEC, (b + 1) * 32 VEC)
+    def column_sum_kernel(mP: cute.Tensor, mOut: cute.Tensor, mOut2: Optional[cute.Tensor], tiled_copy: cute.TiledCopy):
+        # mP: (S, P, D) float32; mOut, mOut2: (D,) (mOut2 None for one set). CTA (b, s): set s, 32 columns.
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        P, D = mP.shape
+        bidx, sidx, _ = cute.arch.block_idx()
+        _, P, D = mP.shape
+        mSet = mP[sidx, None, None]  # (P, D)
         thr = tiled_copy.get_slice(tidx)
         cP = cute.make_identity_tensor((P, D))
         acc = cute.make_rmem_tensor(cute.make_layout(((vec, 1), 1, 1)), Float32)
         acc.fill(0.0)
-        for k in cutlass.range(cute.ceil_div(P, SUM_ROWS), unroll=SUM_UNROLL):  # loads of SUM_UNROLL steps in flight
-            tPgP = thr.partition_S(cute.local_tile(mP, tile, (k, bidx)))  # ((VEC, 1), 1, 1)
+        for k in cutlass.range(cute.ceil_div(P, rows), unroll=SUM_UNROLL):  # SUM_UNROLL steps' loads in flight
+            tPgP = thr.partition_S(cute.local_tile(mSet, tile, (k, bidx)))  # ((VEC, 1), 1, 1)
             tPcP = thr.partition_S(cute.local_tile(cP, tile, (k, bidx)))
             rP = cute.make_rmem_tensor_like(tPgP)
             rP.fill(0.0)
             cute.copy(tiled_copy, tPgP, rP, pred=_reduce.predicate(tPcP, (P, D)))
             acc.store(acc.load() + rP.load())
-        # the warps' sums of the same columns meet in shared memory; warp 0 adds them in order
+        # the warp's rows (32 / lanes of them, lanes apart) by shuffles, then the warps in shared memory
         smem = cutlass.memory.SmemAllocator()
-        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout(tile, order=(1, 0)), byte_alignment=16)
+        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout((warps, _reduce.WARP), order=(1, 0)),
+                                    byte_alignment=16)
         warp, lane = tidx // _reduce.WARP, tidx % _reduce.WARP
         for v in cutlass.range_constexpr(vec):
-            sAcc[warp, lane * vec + v] = acc[v]
+            total = acc[v]
+            for j in cutlass.range_constexpr(len(offsets)):
+                total += cute.arch.shuffle_sync_bfly(total, offset=offsets[j])
+            if lane < lanes:
+                sAcc[warp, lane * vec + v] = total
         cute.arch.barrier()
-        if warp == 0:
-            for v in cutlass.range_constexpr(vec):
-                col = bidx * tile[1] + lane * vec + v
-                if col < D:
-                    total = Float32(0.0)
-                    for w in cutlass.range_constexpr(warps):
-                        total += sAcc[w, lane * vec + v]
+        if tidx < _reduce.WARP:
+            col = bidx * _reduce.WARP + tidx
+            if col < D:
+                total = Float32(0.0)
+                for w in cutlass.range_constexpr(warps):
+                    total += sAcc[w, tidx]
+                if const_expr(sets == 1):
                     mOut[col] = total.to(mOut.element_type)
+                else:
+                    if sidx == 0:
+                        mOut[col] = total.to(mOut.element_type)
+                    else:
+                        mOut2[col] = total.to(mOut2.element_type)
 
     @cute.jit
-    def column_sum_host(stream: cuda.CUstream, pP: cute.Pointer, pOut: cute.Pointer, P: Int32, D: Int32):
+    def column_sum_host(stream: cuda.CUstream, pP: cute.Pointer, pOut: cute.Pointer, pOut2: Optional[cute.Pointer],
+                        P: Int32, D: Int32):
         if const_expr(vec > 1):
-            mP = cute.make_tensor(pP, cute.make_layout((P, cute.assume(D, divby=vec)),
-                                                       stride=(cute.assume(Int64(D), divby=vec), 1)))
+            strides = (cute.assume(Int64(P) * D, divby=vec), cute.assume(Int64(D), divby=vec), 1)
+            mP = cute.make_tensor(pP, cute.make_layout((sets, P, cute.assume(D, divby=vec)), stride=strides))
         else:
-            mP = cute.make_tensor(pP, cute.make_layout((P, D), stride=(Int64(D), 1)))
+            mP = cute.make_tensor(pP, cute.make_layout((sets, P, D), stride=(Int64(P) * D, Int64(D), 1)))
         mOut = cute.make_tensor(pOut, cute.make_layout((D,)))
-        threads = cute.make_ordered_layout((warps, _reduce.WARP), order=(1, 0))  # warp w: partial row w of a tile
+        mOut2 = cute.make_tensor(pOut2, cute.make_layout((D,))) if const_expr(sets == 2) else None
+        threads = cute.make_ordered_layout((rows, lanes), order=(1, 0))  # lanes fastest: a tile row per `lanes` threads
         tiled_copy = cute.make_tiled_copy_tv(_reduce.copy_atom(Float32, vec), threads, cute.make_layout((1, vec)))
-        column_sum_kernel(mP, mOut, tiled_copy).launch(
-            grid=[cute.ceil_div(D, tile[1]), 1, 1], block=[THREADS, 1, 1], stream=stream)
+        column_sum_kernel(mP, mOut, mOut2, tiled_copy).launch(
+            grid=[cute.ceil_div(D, _reduce.WARP), sets, 1], block=[THREADS, 1, 1], stream=stream)
 
     return column_sum_host
 
@@ -460,8 +483,10 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     row_tensors = (dy2, x2) + ((dx.view(n, d),) if dx is not None else ())
     vec, plan_, args = _rows(op_name(mean), row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
     ctas = max(1, min(-(-n // plan_.rows), CTAS_PER_SM * _reduce.sm_count(device)))
-    dw = torch.empty(ctas, d, dtype=torch.float32, device=device) if needs[1] else None
-    db = torch.empty(ctas, d, dtype=torch.float32, device=device) if needs[2] else None
+    sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
+    partials = torch.empty(sets, ctas, d, dtype=torch.float32, device=device) if sets else None
+    dw = partials[0] if needs[1] else None
+    db = partials[sets - 1] if needs[2] else None
     pointer, size = _compile.pointer, x2.element_size()
     _compile.launch(_norm_backward_factory,
                     (mean is not None, _compile.DTYPES[dtype], plan_, weight is not None, dx is not None,
@@ -470,20 +495,22 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
                     None if weight is None else pointer(weight, vec * size), None if mean is None else pointer(mean, 4),
                     pointer(rstd, 4), None if dx is None else pointer(dx, vec * size),
                     None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4), n, d, ctas, *args)
-    return dx, _column_sum(dw, dtype), _column_sum(db, dtype)
+    sums = _column_sums(partials, dtype)
+    return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
 
 
 def op_name(mean) -> str:
     return "rms_norm" if mean is None else "layer_norm"
 
 
-def _column_sum(partials, dtype):
-    """The (D,) column sums of float32 ``partials`` (P, D), rounded to ``dtype`` (None for None)."""
+def _column_sums(partials, dtype) -> list:
+    """The (D,) column sums, in ``dtype``, of each set of the (S, P, D) float32 ``partials`` (S = 0, 1, 2)."""
     if partials is None:
-        return None
-    p, d = partials.shape
-    out = torch.empty(d, dtype=dtype, device=partials.device)
+        return []
+    s, p, d = partials.shape
+    outs = [torch.empty(d, dtype=dtype, device=partials.device) for _ in range(s)]
     vec = _reduce.vector_width(4, (partials.data_ptr(),), (d,))
-    _compile.launch(_column_sum_factory, (_compile.DTYPES[dtype], vec), _compile.stream(partials.device),
-                    _compile.pointer(partials, 4 * vec), _compile.pointer(out, out.element_size()), p, d)
-    return out
+    _compile.launch(_column_sum_factory, (_compile.DTYPES[dtype], vec, s), _compile.stream(partials.device),
+                    _compile.pointer(partials, 4 * vec), _compile.pointer(outs[0], outs[0].element_size()),
+                    _compile.pointer(outs[1], outs[1].element_size()) if s == 2 else None, p, d)
+    return outs

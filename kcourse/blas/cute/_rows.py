@@ -336,6 +336,12 @@ def combine_lse(a: tuple, b: tuple) -> tuple:
 
 
 @cute.jit
+def combine_max(a: tuple, b: tuple) -> tuple:
+    """Elementwise maxima of two tuples."""
+    return tuple(cute.arch.fmax(x, y) for x, y in zip(a, b))
+
+
+@cute.jit
 def combine_sum(a: tuple, b: tuple) -> tuple:
     """Elementwise sums of two tuples."""
     return tuple(x + y for x, y in zip(a, b))
@@ -481,12 +487,12 @@ def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Co
     return vals
 
 
-def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer) -> tuple:
+def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer, stage=0) -> tuple:
     """``vals`` combined over the threads of each row, as ``plan_`` lays them out (every thread of the
-    CTA calls it when a row spans warps)."""
+    CTA calls it when a row spans warps); ``stage``: as ``row_allreduce`` (not for a plan ``across``)."""
     if const_expr(plan_.across):
         return across_allreduce(vals, combine, plan_, buffer)
-    return row_allreduce(vals, combine, plan_.tpr, buffer)
+    return row_allreduce(vals, combine, plan_.tpr, buffer, stage)
 
 
 def row_thread(tiled_copy: cute.TiledCopy, plan_: cutlass.Constexpr):
