@@ -90,9 +90,26 @@ def test_attention(backend, dtype, shape, causal):
 def test_attention_layouts(backend, dtype, layout):
     q, k, v = qkv(1, 4, 2, 37, 37, 32, dtype, layout)
     assert not q.is_contiguous()
-    dout = heads(1, 4, 37, 32, dtype, layout)  # autograd hands the kernels a contiguous copy
+    dout = heads(1, 4, 37, 32, dtype, layout)  # in the same layout: the backward reads it as it is
     expected = forward_backward(kcourse_attention("python", causal=True), q, k, v, dout)
     assert_matches(forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout), expected)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_strided_dout(backend, dtype, D):
+    # In a model dout arrives as the (B, T, H, D) -> (B, H, T, D) view of the output projection's
+    # gradient; the backward kernels read it in place (autograd.STRIDED_DOUT): the same results as for
+    # its contiguous copy, and SDPA's. (D = 64 and 128 take the TMA kernels on Hopper, cute's included.)
+    q, k, v = qkv(2, 4, 2, 45, 45, D, dtype, "bthd")
+    dout = heads(2, 4, 45, D, dtype, "bthd")
+    assert not dout.is_contiguous()
+    strided = forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout)
+    dense = forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout.contiguous())
+    assert torch.equal(strided[0], dense[0])
+    for g, g_dense in zip(strided[1], dense[1]):
+        assert_close(g, g_dense, k=GRAD_K)
+    assert_matches(strided, sdpa(q, k, v, dout, causal=True))
 
 
 @pytest.mark.parametrize("causal", [False, True])

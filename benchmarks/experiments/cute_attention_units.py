@@ -5,6 +5,7 @@ against each other and SDPA in one process.
     source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json --backward
     ... --check: the checks only (with --backward: forward and backward)
     ... --api: the backward through the kernels, the backend's function and autograd, timed
+    ... --only tile+p+kv3,paired+p+kv3: check only these variants (each against ``tile``)
 
 A work unit of the forward is one query tile, or (``paired``) two, m_tiles - 1 - p and p, which together
 have the same number of key tiles under the causal mask; of the backward one key tile, or (``paired``)
@@ -22,6 +23,8 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
                 two Q buffers (``q_stages``), so that the next tile's Q is there in time
     ...+o1      the overlap with one Q buffer (the next tile's Q loads only once this tile's last S is done)
     tile+p+q2   two Q buffers without the overlap
+    ...+kv3     (forward) three K and V stages, one Q buffer, no overlap (at D = 128 the two Q buffers of
+                the overlap and three K/V stages do not fit together)
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -51,7 +54,9 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            "tile+p+o": dict(paired=False, persistent=True, overlap=True, q_stages=2),
            "tile+p+o1": dict(paired=False, persistent=True, overlap=True, q_stages=1),
            "paired+p+o1": dict(paired=True, persistent=True, overlap=True, q_stages=1),
-           "tile+p+q2": dict(paired=False, persistent=True, q_stages=2)}
+           "tile+p+q2": dict(paired=False, persistent=True, q_stages=2),
+           "paired+p+kv3": dict(paired=True, persistent=True, overlap=False, q_stages=1, kv_stages=3),
+           "tile+p+kv3": dict(paired=False, persistent=True, overlap=False, q_stages=1, kv_stages=3)}
 # (B, H, Hkv, Tq, Tk, D, causal, layout)
 CASES = [(2, 4, 4, 257, 257, 64, True, "bhtd"), (1, 8, 2, 300, 300, 128, True, "bthd"),
          (1, 4, 2, 100, 333, 128, True, "bhtd"), (1, 4, 2, 333, 100, 64, True, "bhtd"),
@@ -89,7 +94,7 @@ def close(a, b, atol):
     return (a.float() - b.float()).abs().max().item(), atol + RTOL * b.float().abs().max().item()
 
 
-def check(backward_too):
+def check(backward_too, only=None):
     failures = 0
     for B, H, Hkv, Tq, Tk, D, causal, layout in CASES:
         torch.manual_seed(1)
@@ -108,6 +113,8 @@ def check(backward_too):
         base = forward(q, k, v, causal, scale, VARIANTS["tile"])
         base_grads = backward(q, k, v, *base[:1], dout, base[1], causal, scale, VARIANTS["tile"])
         for name, variant in {**VARIANTS, **OVERLAP}.items():
+            if only and name not in only:
+                continue
             out, lse = forward(q, k, v, causal, scale, variant)
             err, tol = close(out, ref, ATOL)
             lse_err = (lse.double() - lse_ref).abs().max().item()
@@ -143,8 +150,8 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                 scale = 1 / math.sqrt(D)
                 names = list(VARIANTS) if causal else ["tile", "tile+p"]
                 if not backward_too:  # the forward: the adopted variants with and without the overlap
-                    names = (["paired+p", "paired+p+o", "paired+p+o1"] if causal
-                             else ["tile+p", "tile+p+o", "tile+p+o1", "tile+p+q2"])
+                    names = (["paired+p", "paired+p+o", "paired+p+kv3"] if causal
+                             else ["tile+p", "tile+p+o", "tile+p+kv3"])
                 flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
                 if backward_too:
                     flops *= 2.5
@@ -217,10 +224,11 @@ def main():
     parser.add_argument("--check", action="store_true", help="the checks only")
     parser.add_argument("--api", action="store_true", help="kernels, attention_backward and autograd timed")
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="sequence lengths to time")
+    parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     args = parser.parse_args()
     if args.api:
         return api(args.out)
-    failures = check(args.backward)
+    failures = check(args.backward, set(filter(None, args.only.split(","))))
     if args.check:
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)

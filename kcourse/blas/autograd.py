@@ -233,6 +233,14 @@ class Gemm(torch.autograd.Function):
         return dA, dB, dC0, None, None, None
 
 
+# Primitives whose backends take dout with any strides (their kernels read it through its strides or a
+# TMA descriptor, or copy it where they cannot): attention's dout is, in a model, the transposed view
+# (B, T, H, D) -> (B, H, T, D) of the output projection's gradient, and copying it cost ~0.1 ms a
+# backward at 16k tokens, 16 heads, D = 128 on an H100 (benchmarks/results/h100-2026-11-25-session12).
+# Every other primitive's backward gets a contiguous dout.
+STRIDED_DOUT = frozenset({"attention"})
+
+
 class Primitive(torch.autograd.Function):
     """A transformer primitive (softmax, norms, activations, cross-entropy, embedding, rope,
     attention), llm.c style: the backend's ``<op>(*inputs, **params) -> (out, cache)`` runs the
@@ -251,7 +259,9 @@ class Primitive(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout):
         kernel = backward_kernel(ctx.backend, ctx.op)
-        grads = kernel(dout.contiguous(), ctx.saved_tensors, ctx.needs_input_grad[3:], **ctx.params)
+        if ctx.op not in STRIDED_DOUT:
+            dout = dout.contiguous()
+        grads = kernel(dout, ctx.saved_tensors, ctx.needs_input_grad[3:], **ctx.params)
         return (None, None, None, *grads)
 
 

@@ -114,7 +114,8 @@ def config(D: int, causal: bool, Tk: int) -> dict:
 
 def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float, **variant) -> None:
     """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
-    takes them; out and dout (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
+    takes them (dout, say, the transposed view a model's output projection hands back, read in place);
+    out (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
     contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``variant`` overrides
     entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
@@ -130,7 +131,7 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     delta = torch.empty_like(lse2)
     dq_accum = torch.empty(B * H * m_tiles * TILE_M * D, dtype=torch.float32, device=q.device)
     _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), pointer(dout, 16), pointer(lse, 4),
-                    pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, dev)
+                    pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, *tma_strides(dout), dev)
     _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal, c["paired"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
                     pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
@@ -202,7 +203,8 @@ def heads_contiguous(ptr: cute.Pointer, T: Int32, D: int, H: Int32, B: Int32) ->
 class _Preprocess:
     """delta = rowsum(dO out) and lse log2 e into padded buffers; dQaccum's tile zeroed. One CTA of
     256 threads per (64 query rows, head, batch): 4 threads a row, each D/4 elements in 16-byte vectors
-    (vector j of the row is thread j % 4's), two butterfly shuffles."""
+    (vector j of the row is thread j % 4's), two butterfly shuffles. dO is read through its strides
+    (those ``tma_strides`` gives, as the main kernel's descriptor), out is contiguous."""
 
     threads = 256
 
@@ -211,11 +213,13 @@ class _Preprocess:
 
     @cute.jit
     def __call__(self, po: cute.Pointer, pdo: cute.Pointer, plse: cute.Pointer, plse2: cute.Pointer,
-                 pdelta: cute.Pointer, pacc: cute.Pointer, B: Int32, H: Int32, Tq: Int32, stream: cuda.CUstream):
+                 pdelta: cute.Pointer, pacc: cute.Pointer, B: Int32, H: Int32, Tq: Int32,
+                 sdo_b: Int64, sdo_h: Int64, sdo_t: Int64, stream: cuda.CUstream):
         D = self.D
         m_tiles = cute.ceil_div(Tq, TILE_M)
         Tp = m_tiles * TILE_M
-        mO, mdO = heads_contiguous(po, Tq, D, H, B), heads_contiguous(pdo, Tq, D, H, B)
+        mO = heads_contiguous(po, Tq, D, H, B)
+        mdO = head_tensor(pdo, Tq, D, H, B, sdo_t, sdo_h, sdo_b, VEC)  # strides multiples of 8 (tma_strides)
         mLSE = row_tensor(plse, Tq, H, B)
         mLSE2, mDelta = row_tensor(plse2, Tp, H, B), row_tensor(pdelta, Tp, H, B)
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)

@@ -63,7 +63,8 @@ lse = (c m + log2 l) ln 2, one lane of each quad per row.
 What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
 unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
 and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and ``config``'s variant (tile_n,
-persistent, paired, pingpong, overlap, q_stages); sizes, strides and the scale are runtime arguments.
+persistent, paired, pingpong, overlap, q_stages, kv_stages); sizes, strides and the scale are runtime
+arguments.
 """
 
 # No ``from __future__ import annotations`` here: ``cute.struct`` reads its fields from the class's
@@ -125,12 +126,16 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     mask 1.05 / 1.03 / 1.03 / 1.01x at T = 1k / 2k / 4k / 8k, without it 1.03-1.04 / 1.02 / 1.01-1.02x at
     1k / 2k / 4k and 0.95-1.01x beyond; at D = 64 0.98-0.99x with the mask and 0.88-0.93x without (the
     overlap with one Q stage, or two Q stages without it, cost nothing in the steady state there:
-    their combination does; not understood); hence D = 128 only, and without the mask up to 4k."""
+    their combination does; not understood); hence D = 128 only, and without the mask up to 4k.
+    ``kv_stages``: the K and V rings. cuDNN's forward on an H100 uses all 227 KB of shared memory
+    (Nsight Compute), as three K/V stages beside one Q tile would; three stages with one Q buffer and
+    no overlap (225 KB at D = 128) measured 0.85-1.01 of SDPA at T = 1k-4k against 0.92-1.03 for the
+    configured variants (h100-2026-11-25-session12/kv3-fwd.json); hence 2."""
     m_tiles = -(-Tq // 128)
     paired = causal and m_tiles <= 64
     overlap = D == 128 and (paired or (not causal and m_tiles <= 32))
     return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
-            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1}
+            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1, "kv_stages": 2}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -142,7 +147,7 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     c = {**config(D, causal, Tq), **variant}
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
-                                        c["pingpong"], c["overlap"], c["q_stages"]),
+                                        c["pingpong"], c["overlap"], c["q_stages"], c["kv_stages"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
                     scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
@@ -212,19 +217,19 @@ class _AttentionFwdSm90:
     threads_per_wg = 128
     consumer_wgs = 2
     tile_m = 128  # queries per work tile: 64 per consumer warpgroup
-    stages = 2  # K and V rings
     producer_warp = 8  # the first warp of warpgroup 2
     producer_regs, consumer_regs = 24, 240  # 128 * 24 + 256 * 240 = 64512 of the SM's 65536
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
-                 pingpong: bool, overlap: bool, q_stages: int):
+                 pingpong: bool, overlap: bool, q_stages: int, kv_stages: int = 2):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
         self.per_unit = 2 if paired else 1  # work tiles per unit
         self.overlap = overlap  # a tile's first product beside the last P V of the tile before
         self.q_stages = q_stages  # 2: the next tile's Q loads while this tile runs
+        self.stages = kv_stages  # the K and V rings (3 fit beside one Q stage at D = 128: 225 KB)
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit

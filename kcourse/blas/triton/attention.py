@@ -330,19 +330,20 @@ def attention_fwd_tma_kernel(Q, K, V, O, LSE, GROUP, Tq, Tk, qk_scale, CAUSAL: t
 # ----------------------------------------------------------------------------- backward
 
 @triton.jit
-def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, Tq,
+def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, Tq,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    # o, do: (B, H, Tq, HEAD_DIM), do contiguous; delta: (B, H, Tq) float32, contiguous
+    # o, do: (B, H, Tq, HEAD_DIM), each through its strides; delta: (B, H, Tq) float32, contiguous
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     H = tl.num_programs(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
-    do = _load_rows(DO + (b * H + h) * Tq * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, True, True)
+    do = _load_rows(DO + b * sdob + h * sdoh, rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D, True, True)
     tl.store(DELTA + (b * H + h) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, cols, Tq, qk_scale, lo, hi,
+def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, stride_dot, stride_dod, cols, Tq,
+                qk_scale, lo, hi,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed.
@@ -354,7 +355,7 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, col
             q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
         else:
             q = _load_rows(Q, rows, Tq, stride_qt, stride_qd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
-            do = _load_rows(DO, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
+            do = _load_rows(DO, rows, Tq, stride_dot, stride_dod, HEAD_DIM, BLOCK_D, UPCAST, True)
         lse = tl.load(LSE + rows, mask=rows < Tq, other=float("inf")) * LOG2E  # padded rows: P = 0
         delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M): S^T, unscaled
@@ -371,11 +372,11 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, col
 @_autotune(DKDV_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                          svb, svh, svt, svd, GROUP, Tq, Tk, qk_scale, sm_scale,
+                          svb, svh, svt, svd, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk, qk_scale, sm_scale,
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, do: (B, H, Tq, HEAD_DIM), do contiguous; k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv (with
+    # q, do: (B, H, Tq, HEAD_DIM); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv, all through their strides (with
     # TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, and the strides go unused);
     # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM) contiguous
     start_n = tl.program_id(0) * BLOCK_N
@@ -399,15 +400,16 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
         mid = 0
     for g in range(GROUP):  # the query heads that read this kv head
         h = hk * GROUP + g
-        row0 = (b.to(tl.int64) * Hkv * GROUP + h) * Tq  # h's first row in lse, delta (and do)
+        row0 = (b.to(tl.int64) * Hkv * GROUP + h) * Tq  # h's first row in lse, delta
         if TMA:
             q_at, do_at = Q, DO
         else:
-            q_at, do_at = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, DO + row0 * HEAD_DIM
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, cols, Tq,
-                             qk_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, cols, Tq,
-                             qk_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA)
+            q_at = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+            do_at = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, sdot, sdod, cols,
+                             Tq, qk_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, sdot, sdod, cols,
+                             Tq, qk_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA)
     out = (b.to(tl.int64) * Hkv + hk) * Tk * HEAD_DIM
     _store_rows(DK + out, dk * sm_scale, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DV + out, dv, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
@@ -440,25 +442,26 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, stride_kt, stride_kd, stride_v
 @_autotune(DQ_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                        svb, svh, svt, svd, sob, soh, sot, sod, GROUP, Tq, Tk, qk_scale, sm_scale,
+                        svb, svh, svt, svd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); do, dq: (B, H, Tq, HEAD_DIM)
-    # contiguous (with TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, their strides unused);
+    # q, o, do: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM), all through their strides;
+    # dq: (B, H, Tq, HEAD_DIM) contiguous (with TMA: Q, K, V, DO are descriptors, their strides unused);
     # lse: (B, H, Tq) float32. Writes delta (B, H, Tq) float32 too: its rows are this program's, and
     # the dK, dV kernel reads it after.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     h, b = tl.program_id(1), tl.program_id(2)
     hk = h // GROUP
-    row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in do, dq, lse, delta
+    row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in dq, lse, delta
     rows = start_m + tl.arange(0, BLOCK_M)
     if TMA:  # query rows past Tq arrive as zeros
         q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
     else:
         q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D,
                        UPCAST, True)  # (BLOCK_M, BLOCK_D)
-        do = _load_rows(DO + row0 * HEAD_DIM, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D, UPCAST, True)
+        do = _load_rows(DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh, rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D,
+                        UPCAST, True)
         K += b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         V += b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     o = _load_rows(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
@@ -560,14 +563,15 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     if needs[0]:  # the dQ kernel computes delta on the way
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
-                                                         *out.stride(), *args, CAUSAL=causal,
+                                                         *out.stride(), *dout.stride(), *args, CAUSAL=causal,
                                                          TMA=descriptors is not None, **meta)
     else:
-        attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), Tq, HEAD_DIM=D,
-                                                           BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
+        attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), *dout.stride(), Tq,
+                                                           HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides, *args,
+        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides,
+                                                             *dout.stride(), *args,
                                                              CAUSAL=causal, TMA=descriptors is not None, **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None

@@ -1,0 +1,62 @@
+"""Experiment (issue 6): one call of SDPA and one of the cute Hopper attention, between
+cudaProfilerStart and cudaProfilerStop, for Nsight Compute to read (launch configuration, occupancy,
+pipe utilization, warp stalls) -- what a kernel does that timing alone does not show.
+
+    source .cute/activate.sh && PYTHONPATH=. ncu --profile-from-start off --clock-control none \\
+        --section LaunchStats --section Occupancy --section SpeedOfLight --section ComputeWorkloadAnalysis \\
+        --section WarpStateStats python benchmarks/experiments/attention_ncu.py 1024 full fwd
+
+Arguments: T (16 heads, B T = 16384 tokens, D = 128, bfloat16, as the runner), full or causal, fwd or
+bwd, and optionally which of sdpa and cute (both by default). Each runs a few times first (compiles,
+cuDNN's plan, warm caches) and then once under the profiler; for bwd only the backward is inside.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from kcourse.blas.cute import attention as cute_attention
+
+
+def call(name, q, k, v, causal, direction):
+    """The call to profile: the forward, or the backward of a forward run here (its graph or cache)."""
+    scale = q.shape[-1] ** -0.5
+    if name == "sdpa":
+        if direction == "fwd":
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        dout = torch.randn_like(out)
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    with torch.no_grad():
+        if direction == "fwd":
+            return lambda: cute_attention.attention(q, k, v, causal, scale)
+        out, cache = cute_attention.attention(q, k, v, causal, scale)
+    dout = torch.randn_like(out)
+    return lambda: cute_attention.attention_backward(dout, cache, (True, True, True), causal, scale)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("T", type=int)
+    parser.add_argument("mask", choices=("full", "causal"))
+    parser.add_argument("direction", choices=("fwd", "bwd"))
+    parser.add_argument("which", nargs="*", default=["sdpa", "cute"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    B, H, D = 16384 // args.T, 16, 128
+    q, k, v = (torch.randn(B, H, args.T, D, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+               for _ in range(3))
+    for name in args.which:
+        fn = call(name, q, k, v, args.mask == "causal", args.direction)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        print(name, args.T, args.mask, args.direction, "profiled", flush=True)
+
+
+if __name__ == "__main__":
+    main()
