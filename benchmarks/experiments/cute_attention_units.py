@@ -134,14 +134,14 @@ def check(backward_too, only=None):
     return failures
 
 
-def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384)):
+def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64)):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
             "timed": "backward (attention_bwd_sm90: pre, main, post)" if backward_too else "forward"}
     print(json.dumps(meta), flush=True)
     rows = []
-    for D in (128, 64):
+    for D in head_dims:
         for T in lengths:
             for causal in (True, False):
                 B = TOKENS // T
@@ -169,7 +169,7 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                     config = fwd90.config(D, causal, T)
                 row = {"D": D, "T": T, "causal": causal, "config": config}
                 ms = {}
-                for _ in range(2):  # two rounds, interleaved: the faster of each
+                for _ in range(rounds):  # interleaved rounds: the fastest of each
                     for name, fn in fns.items():
                         t = do_bench(fn, warmup=25, rep=100, return_mode="median")
                         ms[name] = min(ms.get(name, t), t)
@@ -225,6 +225,8 @@ def main():
     parser.add_argument("--api", action="store_true", help="kernels, attention_backward and autograd timed")
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="sequence lengths to time")
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
+    parser.add_argument("--head-dims", default="128,64", help="head dims to time")
     args = parser.parse_args()
     if args.api:
         return api(args.out)
@@ -232,7 +234,8 @@ def main():
     if args.check:
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)
-    bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")])
+    bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")], args.rounds,
+          [int(d) for d in args.head_dims.split(",")])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,15 @@ forward timed four ways, median milliseconds:
   - ``host``: wall time per call of ``kcourse.blas.attention`` over 200 calls, without synchronizing
     (what the CPU spends per call while the GPU queue is not empty).
 Where ``runner`` exceeds ``graph`` by about ``host`` minus the flush, the host is what the timer sees.
+
+    PYTHONPATH=. python benchmarks/experiments/triton_attention_host.py OUT.json --runner
+
+(twelfth session) the same point through benchmarks/run.py's own functions, as its first attention
+point: ``prepare`` (the float32 reference forward and backward), then ``measure`` of SDPA and of
+triton, forward; then, in that process, the same timed call again with do_bench, its host time per
+call, and the device time of each kernel it launches (torch.profiler): is a slow point the kernel or
+the time around it. ``--host-profile OUT.txt``: cProfile of 200 such calls (causal), the host's time
+by function.
 """
 import argparse
 import json
@@ -26,10 +35,79 @@ import kcourse
 from kcourse.blas.triton import attention as A
 
 
+def runner_point(causal):
+    """The forward point at T = 1k as the runner measures it, then the same call timed again and profiled."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import run as runner
+    op = runner.OPS["attention"]
+    case = runner.Case(op=op, dtype=torch.bfloat16, n=(16, 16, 1024, causal), target=True, device="cuda")
+    runner.prepare(case)
+    timer = runner.cuda_timer(25, 100)
+    ref = runner.measure(case, "F.sdpa", op.reference, "fwd", timer, 0.0)
+    call = lambda t: op.run(t, "triton")
+    point = runner.measure(case, "triton", call, "fwd", timer, ref["tflops"])
+    fn = runner.timed_call(case, call, "fwd")
+    row = {"causal": causal, "runner ms": round(point["ms"], 4), "sdpa ms": round(ref["ms"], 4),
+           "fraction": round(point["fraction"], 3), "autotuned": point.get("autotuned"),
+           "again ms": round(do_bench(fn, warmup=25, rep=100, return_mode="median"), 4)}
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(200):
+        fn()
+    row["host ms"] = round((time.perf_counter() - start) / 200 * 1e3, 4)
+    torch.cuda.synchronize()
+    flush = torch.empty(2**26, dtype=torch.int32, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    row["kernels us"] = {e.key[:60]: round(e.self_device_time_total / e.count, 1) for e in prof.key_averages()
+                         if e.self_device_time_total > 0 and "fill" not in e.key.lower()}
+    row["fn"] = fn
+    return row
+
+
+def host_profile(fn, path):
+    """cProfile of 200 calls of ``fn``: the top functions by their own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
+    parser.add_argument("--runner", action="store_true", help="the point through benchmarks/run.py's functions")
+    parser.add_argument("--host-profile", help="with --runner: a cProfile of the causal point's calls, to this file")
     args = parser.parse_args()
+    if args.runner:
+        rows = []
+        for causal in (True, False):
+            rows.append(runner_point(causal))
+            fn = rows[-1].pop("fn")
+            if causal and args.host_profile:
+                host_profile(fn, args.host_profile)
+            print(json.dumps(rows[-1]), flush=True)
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, f, indent=1)
+        return
     B, H, T, D = 16, 16, 1024, 128
     rows = []
     for causal in (True, False):

@@ -45,9 +45,10 @@ Strides: q, k, v are read in place through their batch, head and sequence stride
 stride; 16-byte vectors when the base addresses and strides allow, else 8 or 4 bytes. A tensor
 whose head dim is strided (``[..., ::2]``, a transposed view of the last two dims), or whose
 strides or address allow no 4-byte vector, is first copied to a contiguous tensor (``.contiguous()``,
-one extra read and write of it); the copy is what the cache holds. dout and out are read
-contiguous (autograd hands the backward a contiguous dout); out, dq, dk and dv are new contiguous
-tensors.
+one extra read and write of it); the copy is what the cache holds. dout comes as autograd has it
+(``autograd.STRIDED_DOUT``: in a model, the transposed view of the output projection's gradient):
+the Hopper backward reads it in place through its strides (TMA and the preprocess), the mma.sync
+kernels take a contiguous copy. out, dq, dk and dv are new contiguous tensors.
 
 Compile keys (``_compile``): the mma.sync forward, dK/dV and dQ each (dtype, math mode, padded head
 dim, causal, vector width); delta (dtype, padded head dim, vector width); the Hopper kernels as their
