@@ -343,9 +343,8 @@ def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, sdob, sdoh, sdot, s
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, stride_dot, stride_dod, cols, Tq,
-                qk_scale, lo, hi,
-                PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+                qk_scale, lo, hi, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     # dk, dv, k, v: (BLOCK_N, BLOCK_D); cols: (BLOCK_N,) key indices; S, P, dP, dS are held transposed.
     # LSE, DELTA: query head h's rows; Q, DO: h's rows too, or with TMA descriptors of (B, H, Tq, D)
     # read at (b, h)
@@ -376,8 +375,8 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, do: (B, H, Tq, HEAD_DIM); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv, all through their strides (with
-    # TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, and the strides go unused);
+    # q, do: (B, H, Tq, HEAD_DIM); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv, all through their
+    # strides (with TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, and the strides go unused);
     # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM) contiguous
     start_n = tl.program_id(0) * BLOCK_N
     hk, b = tl.program_id(1), tl.program_id(2)
@@ -442,7 +441,8 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, stride_kt, stride_kd, stride_v
 @_autotune(DQ_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                        svb, svh, svt, svd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk, qk_scale, sm_scale,
+                        svb, svh, svt, svd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk,
+                        qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
