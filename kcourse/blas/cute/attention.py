@@ -163,8 +163,6 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     # varies: the last bits of dq may differ run to run). Deterministic mode takes the mma.sync kernels.
     # dout is read in place through its strides when TMA can describe them (a model's transposed view,
     # say: its copy took ~0.1 ms at 16k tokens, 16 heads, D = 128); the other kernels want it contiguous.
-    if not (sm90_bwd_supports(q, k, v, dout, scale) and not torch.are_deterministic_algorithms_enabled()):
-        dout = dout.contiguous()
     (q, k, v, dout), vec = _readable(q, k, v, dout)
     if sm90_bwd_supports(q, k, v, dout, scale) and not torch.are_deterministic_algorithms_enabled():
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if needs[0] else None
@@ -172,6 +170,9 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
         return dq, dk if needs[1] else None, dv if needs[2] else None
+    if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
+        dout = dout.contiguous()
+        vec = _vec([q, k, v, dout])
     vec = min(vec, _vec([out]))
     align = vec * q.element_size()
     mode = _math_mode(q.dtype)

@@ -160,6 +160,12 @@ def _load_rows(ptr, rows, n_rows, stride_t, stride_d, HEAD_DIM: tl.constexpr, BL
 
 
 @triton.jit
+def _head(X, b, h, stride_b, stride_h):
+    """The first element of head ``h`` of batch ``b`` of a (B, H, T, D) tensor at ``X`` (64-bit offsets)."""
+    return X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+
+
+@triton.jit
 def _load_tma_pair(X, Y, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
     """The (ROWS, BLOCK_D) tiles at rows [start, start + ROWS) of head h of batch b of two TMA
     descriptors of (B, H, T, D) tensors; rows past T arrive as zeros."""
@@ -247,11 +253,9 @@ def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd
     # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); lse: (B, H, Tq) float32, contiguous
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest causal rows first
     h, b = tl.program_id(1), tl.program_id(2).to(tl.int64)
-    hk = (h // GROUP).to(tl.int64)  # the kv head of query head h
+    hk = h // GROUP  # the kv head of query head h
     H = tl.num_programs(1)
-    Q += b * sqb + h.to(tl.int64) * sqh
-    K += b * skb + hk * skh
-    V += b * svb + hk * svh
+    Q, K, V = _head(Q, b, h, sqb, sqh), _head(K, b, hk, skb, skh), _head(V, b, hk, svb, svh)
     rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
     q = _load_rows(Q, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST, True)  # (BLOCK_M, BLOCK_D)
 
@@ -264,8 +268,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
                                PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, NEG_SCALE)
 
-    O += b * sob + h.to(tl.int64) * soh
-    _store_rows(O, acc * (1.0 / l_i)[:, None], rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
+    _store_rows(_head(O, b, h, sob, soh), acc * (1.0 / l_i)[:, None], rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
     lse = (m_i + tl.math.log2(l_i)) / LOG2E  # natural log
     tl.store(LSE + (b * H + h) * Tq + rows, lse, mask=rows < Tq)
 
@@ -336,8 +339,8 @@ def attention_delta_kernel(O, DO, DELTA, sob, soh, sot, sod, sdob, sdoh, sdot, s
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     H = tl.num_programs(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    o = _load_rows(O + b * sob + h * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
-    do = _load_rows(DO + b * sdob + h * sdoh, rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D, True, True)
+    o = _load_rows(_head(O, b, h, sob, soh), rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
+    do = _load_rows(_head(DO, b, h, sdob, sdoh), rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D, True, True)
     tl.store(DELTA + (b * H + h) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
 
 
@@ -385,10 +388,8 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
     if TMA:  # key rows past Tk arrive as zeros
         k, v = _load_tma_pair(K, V, b, hk, start_n, BLOCK_N, BLOCK_D, UPCAST)
     else:
-        k = _load_rows(K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh, cols, Tk, skt, skd, HEAD_DIM, BLOCK_D,
-                       UPCAST, True)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh, cols, Tk, svt, svd, HEAD_DIM, BLOCK_D,
-                       UPCAST, True)
+        k = _load_rows(_head(K, b, hk, skb, skh), cols, Tk, skt, skd, HEAD_DIM, BLOCK_D, UPCAST, True)
+        v = _load_rows(_head(V, b, hk, svb, svh), cols, Tk, svt, svd, HEAD_DIM, BLOCK_D, UPCAST, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if CAUSAL:  # query tiles before [lo, mid) see none of these keys, tiles after see all of them
@@ -403,8 +404,7 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
         if TMA:
             q_at, do_at = Q, DO
         else:
-            q_at = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-            do_at = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
+            q_at, do_at = _head(Q, b, h, sqb, sqh), _head(DO, b, h, sdob, sdoh)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, sdot, sdod, cols,
                              Tq, qk_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, sdot, sdod, cols,
@@ -458,13 +458,10 @@ def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb,
     if TMA:  # query rows past Tq arrive as zeros
         q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
     else:
-        q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D,
-                       UPCAST, True)  # (BLOCK_M, BLOCK_D)
-        do = _load_rows(DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh, rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D,
-                        UPCAST, True)
-        K += b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-        V += b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-    o = _load_rows(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
+        q = _load_rows(_head(Q, b, h, sqb, sqh), rows, Tq, sqt, sqd, HEAD_DIM, BLOCK_D, UPCAST, True)
+        do = _load_rows(_head(DO, b, h, sdob, sdoh), rows, Tq, sdot, sdod, HEAD_DIM, BLOCK_D, UPCAST, True)
+        K, V = _head(K, b, hk, skb, skh), _head(V, b, hk, svb, svh)
+    o = _load_rows(_head(O, b, h, sob, soh), rows, Tq, sot, sod, HEAD_DIM, BLOCK_D, True, True)
     delta = tl.sum(o * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(DELTA + row0 + rows, delta, mask=rows < Tq)
     lse = tl.load(LSE + row0 + rows, mask=rows < Tq, other=0.0) * LOG2E
