@@ -226,6 +226,36 @@ def test_triton_tma(dtype, case, monkeypatch):
     assert_close(*(attend(q, k, v) for attend in zero))  # a zero scale: means of v's rows (SDPA: NaN if causal)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_triton_launch_reuses_pick(tma, monkeypatch):
+    """After the autotuner's first pick for a key, launch_tuned launches the jitted kernels with it
+    directly (the TMA descriptors' boxes set by the config's pre_hook): the same results, bit for bit."""
+    require_backend("triton")
+    from kcourse.blas.triton import _launch, attention as A
+
+    if not tma or not DEVICE.startswith("cuda"):
+        monkeypatch.setattr(A, "tma_device", lambda q: tma)
+    elif not A.tma_device(torch.empty(0, device=DEVICE)):
+        pytest.skip("the TMA kernels run on Hopper GPUs (or the interpreter)")
+    monkeypatch.setattr(_launch, "_PICKED", {})
+    forward = A.attention_fwd_tma_kernel if tma else A.attention_fwd_kernel
+    autotuned, run = [], forward.run
+
+    def counted(*args, **kwargs):  # the forward's calls through its autotuner
+        autotuned.append(1)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(forward, "run", counted)
+    q, k, v = qkv(1, 2, 1, 45, 45, 128, torch.bfloat16, "bthd")
+    dout = randn(1, 2, 45, 128, dtype=torch.bfloat16)
+    runs = [forward_backward(kcourse_attention("triton", causal=True), q, k, v, dout) for _ in range(2)]
+    assert autotuned == [1]  # the second forward went around the autotuner
+    assert {kernel for kernel, _ in _launch._PICKED} == {forward, A.attention_dq_kernel, A.attention_dkdv_kernel}
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(g0, g1) for g0, g1 in zip(runs[0][1], runs[1][1]))
+    assert_matches(runs[1], forward_backward(kcourse_attention("python", causal=True), q, k, v, dout))
+
+
 def test_triton_tma_descriptors_refuse():
     """What TMA cannot read goes to the pointer kernel: float32, head dims other than 64 and 128,
     sequence strides that are not multiples of 16 bytes, a base 2 bytes off, heads sharing memory."""

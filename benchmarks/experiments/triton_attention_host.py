@@ -21,6 +21,14 @@ triton, forward; then, in that process, the same timed call again with do_bench,
 call, and the device time of each kernel it launches (torch.profiler): is a slow point the kernel or
 the time around it. ``--host-profile OUT.txt``: cProfile of 200 such calls (causal), the host's time
 by function.
+
+    PYTHONPATH=. python benchmarks/experiments/triton_attention_host.py OUT.json --launch
+
+(thirteenth session) ``launch_tuned`` (the autotuner's pick launched directly after its first call)
+against the autotuner's dispatch on every call, interleaved rounds in one process: at T = 1k, causal
+and not, forward and backward as the runner times them (do_bench, L2 flushed), the host time a call
+(200 calls without synchronizing) and the kernels alone (a CUDA graph's replay); then, at a size
+whose kernels are short (B = H = 1, T = 128), the host microseconds of each step of a forward call.
 """
 import argparse
 import json
@@ -90,12 +98,124 @@ def host_profile(fn, path):
         f.write(text.getvalue())
 
 
+def _old_launch(kernel, grid, key, *args, **kwargs):
+    """The launch before launch_tuned: through the autotuner on every call."""
+    kernel[grid](*args, **kwargs)
+
+
+def _host_us(fn, calls=2000):
+    """Microseconds of host time per call of ``fn`` (no synchronization inside the loop)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return round(elapsed / calls * 1e6, 2)
+
+
+def launch_rows(rounds):
+    """launch_tuned against the autotuner's dispatch: runner-style times at T = 1k, host time per call."""
+    from kcourse.blas.triton import _launch
+    launches = {"direct": _launch.launch_tuned, "autotuner": _old_launch}
+    B, H, T, D = 16, 16, 1024, 128
+    rows = []
+    for causal in (True, False):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+                   for _ in range(3))  # SDPA's layout, as the runner's inputs
+        dout = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        fwd = lambda: kcourse.blas.attention(q, k, v, causal=causal, backend="triton")
+        out = fwd()
+        bwd = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        sdpa_out = sdpa()
+        sdpa_bwd = lambda: torch.autograd.grad(sdpa_out, (q, k, v), dout, retain_graph=True)
+        bwd()
+        row = {"causal": causal, "T": T}
+        for r in range(rounds):
+            for name, launch in launches.items():
+                A.launch_tuned = launch
+                for direction, fn in (("fwd", fwd), ("bwd", bwd)):
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    row.setdefault(f"{direction} {name} ms", []).append(round(ms, 4))
+                    row.setdefault(f"{direction} {name} host us", []).append(_host_us(fn, 200))
+            for direction, fn in (("fwd", sdpa), ("bwd", sdpa_bwd)):
+                row.setdefault(f"{direction} sdpa ms", []).append(round(do_bench(fn, warmup=25, rep=100,
+                                                                              return_mode="median"), 4))
+                row.setdefault(f"{direction} sdpa host us", []).append(_host_us(fn, 200))
+        A.launch_tuned = launches["direct"]
+        qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
+        cache = (qd, kd, vd, od, out.grad_fn.saved_tensors[4])
+        for direction, kernel in (("fwd", lambda: A.attention(qd, kd, vd, causal, D ** -0.5)),
+                                  ("bwd", lambda: A.attention_backward(dout, cache, (True, True, True), causal,
+                                                                       D ** -0.5))):
+            kernel()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                kernel()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                kernel()
+            row[f"{direction} graph ms"] = round(do_bench(graph.replay, return_mode="median"), 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def step_rows():
+    """Host microseconds of each step of a triton forward call, at B = H = 1, T = 128 (short kernels)."""
+    from kcourse.blas import _check
+    from kcourse.blas.triton import _launch
+    q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, (_, _, _, _, lse) = A.attention(qd, kd, vd, True, 0.125)
+    descriptors = A.tma_descriptors(qd, kd, vd, out)
+    args = (1, 128, 128, 0.125 * A.LOG2E.value)
+    meta = A._meta(qd)
+    grid = A._grid(128, 1, 1, "BLOCK_M")
+    key = A._key(qd, 128, 128, True, meta)
+    kernel = A.attention_fwd_tma_kernel
+    _launch.launch_tuned(kernel, grid, key, *descriptors, lse, *args, CAUSAL=True, NEG_SCALE=False, **meta)
+    config = _launch._PICKED[(kernel, key)][0]
+    A._tma_block_shapes({"Q": descriptors[0], "K": descriptors[1], "V": descriptors[2], "O": descriptors[3],
+                         **config.kwargs, "BLOCK_D": 128})
+    direct = {**config.all_kwargs(), "CAUSAL": True, "NEG_SCALE": False, **meta}
+    steps = {
+        "blas.attention (autograd)": lambda: kcourse.blas.attention(q, k, v, causal=True, backend="triton"),
+        "blas.attention (no grad)": lambda: kcourse.blas.attention(qd, kd, vd, causal=True, backend="triton"),
+        "backend attention()": lambda: A.attention(qd, kd, vd, True, 0.125),
+        "check_attention": lambda: _check.check_attention("triton", qd, kd, vd, True, None),
+        "two torch.empty": lambda: (torch.empty_like(qd), torch.empty((1, 1, 128), device="cuda")),
+        "tma_descriptors (4)": lambda: A.tma_descriptors(qd, kd, vd, out),
+        "launch: autotuner": lambda: kernel[grid](*descriptors, lse, *args, CAUSAL=True, NEG_SCALE=False, **meta),
+        "launch: launch_tuned": lambda: _launch.launch_tuned(kernel, grid, key, *descriptors, lse, *args,
+                                                             CAUSAL=True, NEG_SCALE=False, **meta),
+        "launch: jitted, no hook": lambda: kernel.fn[(1, 1, 1)](*descriptors, lse, *args, **direct),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
+    row = {name: _host_us(fn) for name, fn in steps.items()}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--runner", action="store_true", help="the point through benchmarks/run.py's functions")
     parser.add_argument("--host-profile", help="with --runner: a cProfile of the causal point's calls, to this file")
+    parser.add_argument("--launch", action="store_true", help="launch_tuned against the autotuner's dispatch")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.launch:
+        result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                  "date": time.strftime("%Y-%m-%d"), "steps": step_rows(), "rows": launch_rows(args.rounds)}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return
     if args.runner:
         rows = []
         for causal in (True, False):

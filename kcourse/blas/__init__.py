@@ -219,9 +219,16 @@ def _run_gemm(A, B, C, alpha, beta, backend, out=None):
 # `<op>_backward` is a composite of differentiable kcourse ops (the python attention).
 
 def _primitive(op: str, backend: str, params: dict, *inputs):
-    if backward_kernel(backend, op) is None:
+    if backward_kernel(backend, op) is None or not _wants_grad(inputs):  # a composite, or no graph to record
         return resolve(op, backend)[1](*inputs, **params)[0]
     return autograd.Primitive.apply(op, backend, params, *inputs)
+
+
+def _wants_grad(inputs) -> bool:
+    """Would autograd record a node for these inputs (grad mode on, an input that requires grad)?
+    Without one the kernel runs bare: no autograd.Function call (tens of microseconds of host time),
+    and its cache is dropped at once."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
 
 def softmax(x, dim=-1, backend=None):

@@ -52,13 +52,18 @@ def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
     the dims inside it, rounded up to 16 bytes)."""
     if t.stride(-1) != 1 or t.data_ptr() % TMA_ALIGN:
         return None
-    vec = TMA_ALIGN // t.element_size()
+    size = t.element_size()
+    vec = TMA_ALIGN // size
     B, H, T, D = t.shape
-    s_b, s_h, s_t = t.stride()[:3]
-    s_t = s_t if T > 1 else D
-    s_h = s_h if H > 1 else s_t * T
-    s_b = s_b if B > 1 else s_h * H
-    s_t, s_h, s_b = (-(-s // vec) * vec if n == 1 else s for s, n in ((s_t, T), (s_h, H), (s_b, B)))
-    if any(s % vec or not 0 < s * t.element_size() < TMA_MAX_STRIDE for s in (s_b, s_h, s_t)):
+    s_b, s_h, s_t, _ = t.stride()
+    if T == 1:
+        s_t = -(-D // vec) * vec
+    if H == 1:
+        s_h = -(-(s_t * T) // vec) * vec
+    if B == 1:
+        s_b = -(-(s_h * H) // vec) * vec
+    if s_t % vec or s_h % vec or s_b % vec or min(s_b, s_h, s_t) <= 0:
+        return None
+    if max(s_b, s_h, s_t) * size >= TMA_MAX_STRIDE:
         return None
     return s_b, s_h, s_t

@@ -93,6 +93,31 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
                                          BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
+_PICKED: dict = {}  # (autotuned kernel, caller's key) -> (config its autotuner picked, the config's arguments)
+
+
+def launch_tuned(kernel, grid, key, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)`` for an autotuned ``kernel``: through its autotuner the first
+    time ``key`` is seen, then straight through the jitted function with the config the autotuner
+    picked then (running the config's pre_hook as the autotuner would).
+
+    The autotuner's dispatch (its key rebuilt from the arguments, dicts of every argument merged for
+    the pre_hook and the launch) is host time on every call, and a short kernel does not hide host
+    time: see kcourse/blas/triton/attention.py. ``key`` must determine the autotuner's pick, that is
+    hold its key arguments and the dtypes of the tensor arguments (or more); ``grid(meta)`` maps the
+    launch's keyword arguments (the config's among them) to the grid."""
+    picked = _PICKED.get((kernel, key))
+    if picked is None:
+        kernel[grid](*args, **kwargs)
+        _PICKED[(kernel, key)] = kernel.best_config, kernel.best_config.all_kwargs()
+        return
+    config, tuned = picked
+    meta = {**kwargs, **tuned}
+    if config.pre_hook is not None:
+        config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
+    kernel.fn[grid(meta)](*args, **meta)
+
+
 def _fix_interpreter_for_numpy_2_4() -> None:
     # Triton 3.6's interpreter turns a scalar into a Python int with int(array of one element),
     # which NumPy >= 2.4 refuses, so every loop with a runtime bound fails (triton#9171, fixed

@@ -35,6 +35,14 @@ addresses and zero-fills rows past T, so the loads need no masks, and Triton pip
 descriptor loads through shared memory. With its own configs (128 query rows on one warpgroup win
 from T = 1k to 16k) it is 1.06-1.16x the pointer kernel's speed at D = 128 on an H100. The two
 backward kernels take the same descriptors there (``TMA=True``, 16-bit D = 64 and 128): 1.00-1.14x.
+Host time: at T = 1k the forward kernel runs 0.19 ms (causal; B = H = 16, D = 128, H100), about
+what one call costs the host (validation, the autograd node, two allocations, four descriptors, the
+autotuner's dispatch, Triton's launch: 0.20-0.30 ms on the benchmark machines), so the GPU waited on
+the host. The launchers go around the autotuner once it has picked a config for a key
+(``_launch.launch_tuned``), build the descriptors without re-checking what ``tma_strides`` checked,
+and ``kcourse.blas`` skips the autograd node when no input wants a gradient: 0.10-0.11 ms a call, and
+the runner's forward at T = 1k went from 0.32 / 0.62 of SDPA (causal / not) to 0.82 / 0.77, the
+kernel's own speed (benchmarks/results/h100-2026-11-25-session13).
 Details worth reading the kernels for:
   - exponentials are exp2 with the scale folded in (c log2 e), as the hardware has exp2; on
     unmasked tiles the row max of c S is c times the row max of S (the min when c < 0), so each
@@ -54,6 +62,8 @@ Details worth reading the kernels for:
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import torch
@@ -62,7 +72,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._layout import tma_strides
-from ._launch import INTERPRET, is_hopper
+from ._launch import INTERPRET, is_hopper, launch_tuned
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
@@ -478,14 +488,24 @@ def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb,
 # ----------------------------------------------------------------------------- launchers
 
 def _meta(q: torch.Tensor) -> dict:
-    """The compile-time arguments every kernel shares; raises for a head dim the kernels cannot take."""
+    """The compile-time arguments every kernel shares (one dict per head dim, dtype and precision: do
+    not change it); raises for a head dim the kernels cannot take."""
     D = q.shape[-1]
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"attention: the triton kernels support head dims D from 1 to {MAX_HEAD_DIM}, "
                          f"got D = {D} (q {tuple(q.shape)})")
-    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return _meta_of(D, q.dtype, q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+
+
+@functools.lru_cache(maxsize=None)
+def _meta_of(D: int, dtype: torch.dtype, tf32: bool) -> dict:
     return {"HEAD_DIM": D, "BLOCK_D": max(16, triton.next_power_of_2(D)),
-            "PRECISION": "tf32" if tf32 else "ieee", "UPCAST": INTERPRET and q.dtype != torch.float32}
+            "PRECISION": "tf32" if tf32 else "ieee", "UPCAST": INTERPRET and dtype != torch.float32}
+
+
+def _key(q: torch.Tensor, Tq: int, Tk: int, causal: bool, meta: dict) -> tuple:
+    """What the kernels' autotuners key on (``_autotune``; the backward's adds TMA), q's dtype included."""
+    return Tq, Tk, meta["HEAD_DIM"], causal, meta["PRECISION"], q.dtype
 
 
 def _grid(T: int, B: int, H: int, block: str):
@@ -514,9 +534,25 @@ def tma_descriptors(*tensors: torch.Tensor):
     if tensors[0].dtype not in (torch.float16, torch.bfloat16) or tensors[0].shape[-1] not in TMA_HEAD_DIMS:
         return None
     strides = [tma_strides(t) for t in tensors]
-    if any(s is None for s in strides) or max(t.shape[2] for t in tensors) >= 2**31:
+    if None in strides or max(t.shape[2] for t in tensors) >= 2**31:
         return None
-    return [TensorDescriptor(t, list(t.shape), [*s, 1], [1, 1, 1, t.shape[-1]]) for t, s in zip(tensors, strides)]
+    return [_descriptor(t, s) for t, s in zip(tensors, strides)]
+
+
+# TensorDescriptor's fields after (base, shape, strides, block_shape), with their defaults (padding, ...)
+_DESCRIPTOR_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TensorDescriptor)
+                        if f.default is not dataclasses.MISSING}
+
+
+def _descriptor(t: torch.Tensor, strides) -> TensorDescriptor:
+    """``TensorDescriptor(t, t.shape, (*strides, 1), (1, 1, 1, D))`` without the dataclass's checks
+    (alignment, strides, box sizes), which ``tma_strides`` and the configs' boxes satisfy already:
+    four descriptors a call, their checks were ~10 us of host time, and the short kernels wait on
+    the host (the module's docstring)."""
+    descriptor = object.__new__(TensorDescriptor)
+    descriptor.__dict__.update(_DESCRIPTOR_DEFAULTS, base=t, shape=list(t.shape), strides=[*strides, 1],
+                               block_shape=[1, 1, 1, t.shape[-1]])
+    return descriptor
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
@@ -530,13 +566,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
     args = (H // k.shape[1], Tq, Tk, scale * LOG2E.value)
     descriptors = tma_descriptors(q, k, v, out) if use_tma(q, causal) else None
+    key = _key(q, Tq, Tk, causal, meta)
     if descriptors is not None:  # Hopper: the tiles move by TMA
-        attention_fwd_tma_kernel[_grid(Tq, B, H, "BLOCK_M")](
-            *descriptors, lse, *args, CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
+        launch_tuned(attention_fwd_tma_kernel, _grid(Tq, B, H, "BLOCK_M"), key,
+                     *descriptors, lse, *args, CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
     else:
-        attention_fwd_kernel[_grid(Tq, B, H, "BLOCK_M")](
-            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *args,
-            CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
+        launch_tuned(attention_fwd_kernel, _grid(Tq, B, H, "BLOCK_M"), key,
+                     q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *args,
+                     CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
     return out, (q, k, v, out, lse)
 
 
@@ -557,18 +594,18 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     q_, k_, v_, dout_ = descriptors or (q, k, v, dout)  # what the kernels read: tensors or descriptors
     delta = torch.empty_like(lse)
     dq = dk = dv = None
+    tma = descriptors is not None
+    key = (*_key(q, Tq, Tk, causal, meta), tma)
     if needs[0]:  # the dQ kernel computes delta on the way
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        attention_dq_kernel[_grid(Tq, B, H, "BLOCK_M")](q_, k_, v_, out, dout_, lse, delta, dq, *strides,
-                                                         *out.stride(), *dout.stride(), *args, CAUSAL=causal,
-                                                         TMA=descriptors is not None, **meta)
+        launch_tuned(attention_dq_kernel, _grid(Tq, B, H, "BLOCK_M"), key, q_, k_, v_, out, dout_, lse, delta, dq,
+                     *strides, *out.stride(), *dout.stride(), *args, CAUSAL=causal, TMA=tma, **meta)
     else:
         attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), *dout.stride(), Tq,
                                                            HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        attention_dkdv_kernel[_grid(Tk, B, Hkv, "BLOCK_N")](q_, k_, v_, dout_, lse, delta, dk, dv, *strides,
-                                                             *dout.stride(), *args,
-                                                             CAUSAL=causal, TMA=descriptors is not None, **meta)
+        launch_tuned(attention_dkdv_kernel, _grid(Tk, B, Hkv, "BLOCK_N"), key, q_, k_, v_, dout_, lse, delta, dk, dv,
+                     *strides, *dout.stride(), *args, CAUSAL=causal, TMA=tma, **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None
