@@ -89,7 +89,7 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
         fwd = _attention_fwd_sm90.config(D, causal, shape[3])
-        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "kv_stages")
+        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages")
         assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in variant))
         paired = _attention_bwd_sm90.config(D, causal, shape[4])["paired"]
         assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal, paired), (dtype, D)], seen
@@ -140,10 +140,12 @@ FORWARD_VARIANTS = [(False, False, False, False, False), (False, True, False, Fa
                     (True, True, True, False, True), (True, False, False, False, True)]
 
 
-# three K/V stages only beside one Q buffer: with the overlap's two they exceed the shared memory at D = 128
-@pytest.mark.parametrize("causal, persistent, paired, pingpong, overlap, kv_stages",
-                         [(*v, 2) for v in FORWARD_VARIANTS] + [(*v, 3) for v in FORWARD_VARIANTS if not v[4]])
-def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, overlap, kv_stages):
+# three K and V stages beside one Q buffer, or with the overlap's two Q buffers three K stages and two V
+# stages (three of each exceed the shared memory at D = 128)
+@pytest.mark.parametrize("causal, persistent, paired, pingpong, overlap, k_stages, v_stages",
+                         [(*v, 2, 2) for v in FORWARD_VARIANTS] + [(*v, 3, 3) for v in FORWARD_VARIANTS if not v[4]]
+                         + [(*v, 3, 2) for v in FORWARD_VARIANTS if v[4]])
+def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, overlap, k_stages, v_stages):
     """The variants ``config`` does not pick for these sizes still build (longer sequences or the
     benchmarks take them)."""
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
@@ -151,7 +153,7 @@ def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, o
     with _compile.compiling_only():
         _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
                                                paired=paired, pingpong=pingpong, overlap=overlap,
-                                               q_stages=2 if overlap else 1, kv_stages=kv_stages)
+                                               q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages)
 
 
 @pytest.mark.parametrize("causal, persistent, paired",
@@ -181,7 +183,10 @@ def test_hopper_forward_config():
         assert config(D, True, 8192)["overlap"] == (D == 128) and not config(D, True, 8193)["overlap"]
         assert config(D, False, 4096)["overlap"] == (D == 128) and not config(D, False, 4097)["overlap"]
         assert all(c["q_stages"] == (2 if c["overlap"] else 1) for c in (config(D, True, 100), config(D, False, 100)))
-        assert config(D, True, 100)["kv_stages"] == config(D, False, 100)["kv_stages"] == 2  # 3 measured slower
+        # three V stages with the mask beside the overlap's two Q buffers (measured), two elsewhere
+        assert config(D, True, 100)["k_stages"] == config(D, False, 100)["k_stages"] == 2
+        assert config(D, True, 100)["v_stages"] == (3 if D == 128 else 2) and config(D, False, 100)["v_stages"] == 2
+        assert config(D, True, 8193)["v_stages"] == 2
         assert backward(D, True, 8193) == backward(D, False, 100) == {"persistent": False, "paired": False}
 
 

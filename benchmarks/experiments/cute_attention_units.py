@@ -18,13 +18,15 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     paired      one CTA per pair
     paired+p    a persistent grid over the pairs
     tile+p      a persistent grid over the tiles
-    ...+o       (forward) with the cross-tile overlap: a tile's first S = Q K^T issued beside the last
+    ...+o       (forward; two K and two V stages) with the cross-tile overlap: a tile's first S = Q K^T issued beside the last
                 P V of the CTA's tile before, its softmax while that runs, then the earlier tile's epilogue;
                 two Q buffers (``q_stages``), so that the next tile's Q is there in time
     ...+o1      the overlap with one Q buffer (the next tile's Q loads only once this tile's last S is done)
     tile+p+q2   two Q buffers without the overlap
     ...+kv3     (forward) three K and V stages, one Q buffer, no overlap (at D = 128 the two Q buffers of
                 the overlap and three K/V stages do not fit together)
+    ...+o+k3, ...+o+v3  (forward) the overlap with three K stages and two V stages, or the reverse
+                (thirteenth session: 224 KB at D = 128)
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -49,14 +51,20 @@ VARIANTS = {"tile": dict(paired=False, persistent=False), "paired": dict(paired=
             "paired+p": dict(paired=True, persistent=True), "tile+p": dict(paired=False, persistent=True)}
 # the forward's cross-tile overlap (``overlap``): a tile's first S = Q K^T beside the last P V of the tile
 # before, in a CTA that runs several tiles
-OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stages=2),
-           "paired+p+o": dict(paired=True, persistent=True, overlap=True, q_stages=2),
-           "tile+p+o": dict(paired=False, persistent=True, overlap=True, q_stages=2),
+OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stages=2, v_stages=2),
+           "paired+p+o": dict(paired=True, persistent=True, overlap=True, q_stages=2, v_stages=2),
+           "tile+p+o": dict(paired=False, persistent=True, overlap=True, q_stages=2, v_stages=2),
            "tile+p+o1": dict(paired=False, persistent=True, overlap=True, q_stages=1),
            "paired+p+o1": dict(paired=True, persistent=True, overlap=True, q_stages=1),
            "tile+p+q2": dict(paired=False, persistent=True, q_stages=2),
-           "paired+p+kv3": dict(paired=True, persistent=True, overlap=False, q_stages=1, kv_stages=3),
-           "tile+p+kv3": dict(paired=False, persistent=True, overlap=False, q_stages=1, kv_stages=3)}
+           "paired+p+kv3": dict(paired=True, persistent=True, overlap=False, q_stages=1, k_stages=3, v_stages=3),
+           "tile+p+kv3": dict(paired=False, persistent=True, overlap=False, q_stages=1, k_stages=3, v_stages=3),
+           "paired+p+o+k3": dict(paired=True, persistent=True, overlap=True, q_stages=2, k_stages=3, v_stages=2),
+           "tile+p+o+k3": dict(paired=False, persistent=True, overlap=True, q_stages=2, k_stages=3, v_stages=2),
+           "paired+p+o+v3": dict(paired=True, persistent=True, overlap=True, q_stages=2, v_stages=3),
+           "tile+p+o+v3": dict(paired=False, persistent=True, overlap=True, q_stages=2, v_stages=3)}
+# the forward variants timed (``{}``: paired with the mask, tile without)
+FORWARD_TIMED = ["{}+p+o", "{}+p+o+v3"]
 # (B, H, Hkv, Tq, Tk, D, causal, layout)
 CASES = [(2, 4, 4, 257, 257, 64, True, "bhtd"), (1, 8, 2, 300, 300, 128, True, "bthd"),
          (1, 4, 2, 100, 333, 128, True, "bhtd"), (1, 4, 2, 333, 100, 64, True, "bhtd"),
@@ -150,8 +158,7 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                 scale = 1 / math.sqrt(D)
                 names = list(VARIANTS) if causal else ["tile", "tile+p"]
                 if not backward_too:  # the forward: the adopted variants with and without the overlap
-                    names = (["paired+p", "paired+p+o", "paired+p+kv3"] if causal
-                             else ["tile+p", "tile+p+o", "tile+p+kv3"])
+                    names = [n.format("paired" if causal else "tile") for n in FORWARD_TIMED]
                 flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
                 if backward_too:
                     flops *= 2.5

@@ -63,7 +63,7 @@ lse = (c m + log2 l) ln 2, one lane of each quad per row.
 What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
 unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
 and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and ``config``'s variant (tile_n,
-persistent, paired, pingpong, overlap, q_stages, kv_stages); sizes, strides and the scale are runtime
+persistent, paired, pingpong, overlap, q_stages, k_stages, v_stages); sizes, strides and the scale are runtime
 arguments.
 """
 
@@ -127,15 +127,20 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     1k / 2k / 4k and 0.95-1.01x beyond; at D = 64 0.98-0.99x with the mask and 0.88-0.93x without (the
     overlap with one Q stage, or two Q stages without it, cost nothing in the steady state there:
     their combination does; not understood); hence D = 128 only, and without the mask up to 4k.
-    ``kv_stages``: the K and V rings. cuDNN's forward on an H100 uses all 227 KB of shared memory
-    (Nsight Compute), as three K/V stages beside one Q tile would; three stages with one Q buffer and
-    no overlap (225 KB at D = 128) measured 0.85-1.01 of SDPA at T = 1k-4k against 0.92-1.03 for the
-    configured variants (h100-2026-11-25-session12/kv3-fwd.json); hence 2."""
+    ``k_stages``, ``v_stages``: the K and V rings. cuDNN's forward on an H100 uses all 227 KB of shared
+    memory (Nsight Compute), as three K/V stages beside one Q tile would; three stages with one Q buffer
+    and no overlap (225 KB at D = 128) measured 0.85-1.01 of SDPA at T = 1k-4k against 0.92-1.03 for
+    the configured variants (h100-2026-11-25-session12/kv3-fwd.json). Beside the overlap's two Q
+    buffers, three V stages (224 KB at D = 128) measured 1.04 / 1.02 / 1.01x with the mask at T = 1k /
+    2k / 4k in two processes (1.00x at 8k) and 0.94-1.00x without it, three K stages 0.99-1.00x and
+    0.95-0.99x (h100-2026-11-25-session13/kv-split-fwd-{1,2}.json); hence three V stages with the
+    mask and the overlap."""
     m_tiles = -(-Tq // 128)
     paired = causal and m_tiles <= 64
     overlap = D == 128 and (paired or (not causal and m_tiles <= 32))
     return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
-            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1, "kv_stages": 2}
+            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1,
+            "k_stages": 2, "v_stages": 3 if causal and overlap else 2}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -147,7 +152,7 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     c = {**config(D, causal, Tq), **variant}
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
-                                        c["pingpong"], c["overlap"], c["q_stages"], c["kv_stages"]),
+                                        c["pingpong"], c["overlap"], c["q_stages"], c["k_stages"], c["v_stages"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
                     scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
@@ -222,14 +227,14 @@ class _AttentionFwdSm90:
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
-                 pingpong: bool, overlap: bool, q_stages: int, kv_stages: int = 2):
+                 pingpong: bool, overlap: bool, q_stages: int, k_stages: int = 2, v_stages: int = 2):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
         self.per_unit = 2 if paired else 1  # work tiles per unit
         self.overlap = overlap  # a tile's first product beside the last P V of the tile before
         self.q_stages = q_stages  # 2: the next tile's Q loads while this tile runs
-        self.stages = kv_stages  # the K and V rings (3 fit beside one Q stage at D = 128: 225 KB)
+        self.k_stages, self.v_stages = k_stages, v_stages  # the K and V rings (D = 128: 32 KB a stage each)
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -261,8 +266,8 @@ class _AttentionFwdSm90:
         # --- shared memory: 128-byte-swizzled tiles, as TMA writes them and WGMMA reads them
         row_major, col_major = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
         q_smem = sm90_utils.make_smem_layout_a(row_major, (bM, bN, D), self.dtype, self.q_stages)  # (bM, D, Sq)
-        k_smem = sm90_utils.make_smem_layout_b(row_major, (bM, bN, D), self.dtype, self.stages)  # (bN, D, S)
-        v_smem = sm90_utils.make_smem_layout_b(col_major, (bM, D, bN), self.dtype, self.stages)  # (D, bN, S)
+        k_smem = sm90_utils.make_smem_layout_b(row_major, (bM, bN, D), self.dtype, self.k_stages)  # (bN, D, S)
+        v_smem = sm90_utils.make_smem_layout_b(col_major, (bM, D, bN), self.dtype, self.v_stages)  # (D, bN, S)
 
         # --- TMA: one box per tile (the DSL splits a 256-byte-wide row into two 128-byte boxes)
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -273,8 +278,8 @@ class _AttentionFwdSm90:
         @cute.struct
         class SharedStorage:
             q_full: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]  # full, empty per Q stage
-            k_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            v_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            k_barriers: cute.struct.MemRange[cutlass.Int64, self.k_stages * 2]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, self.v_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
@@ -300,8 +305,8 @@ class _AttentionFwdSm90:
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
         """Fresh (Q, K, V) pipeline states of a producer or a consumer: stage 0, phase 0."""
-        return (pipeline.make_pipeline_state(user, self.q_stages), pipeline.make_pipeline_state(user, self.stages),
-                pipeline.make_pipeline_state(user, self.stages))
+        return (pipeline.make_pipeline_state(user, self.q_stages), pipeline.make_pipeline_state(user, self.k_stages),
+                pipeline.make_pipeline_state(user, self.v_stages))
 
     @cute.jit
     def work_tile(self, tile: Int32, Tq: Int32, Tk: Int32, H: Int32):
@@ -374,8 +379,8 @@ class _AttentionFwdSm90:
                 cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
 
         q_pipe = ring(storage.q_full, self.q_stages, q_smem)
-        k_pipe = ring(storage.k_barriers, self.stages, k_smem)
-        v_pipe = ring(storage.v_barriers, self.stages, v_smem)
+        k_pipe = ring(storage.k_barriers, self.k_stages, k_smem)
+        v_pipe = ring(storage.v_barriers, self.v_stages, v_smem)
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()  # every barrier initialised before anyone uses it
 

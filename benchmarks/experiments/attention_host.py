@@ -1,0 +1,82 @@
+"""Experiment (issues 3 and 6): is a backend's attention forward at T = 1k bound by the GPU or by the host?
+
+    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/attention_host.py OUT.json
+
+For SDPA, triton and cute, bfloat16, 16 heads, B = 16, T = 1024, D = 128, causal and not, inputs in
+SDPA's layout that require grad (as the runner's): the forward timed as the runner times it (do_bench,
+L2 flushed before each call), the kernels alone (the backend's function captured in a CUDA graph and
+replayed: no host work), and the host time per call (200 calls without synchronizing), three
+interleaved rounds. Where the runner's time exceeds the graph's, the host is what the timer saw.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+import kcourse
+
+
+def host_us(fn, calls=200):
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return round(elapsed / calls * 1e6, 1)
+
+
+def graph_ms(fn):
+    """do_bench of ``fn`` captured in a CUDA graph (its kernels without the host)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    B, H, T, D = 16, 16, 1024, 128
+    rows = []
+    for causal in (True, False):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+                   for _ in range(3))
+        calls = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+        kernels = {"sdpa": calls["sdpa"]}
+        for name in ("triton", "cute"):
+            module = __import__(f"kcourse.blas.{name}.attention", fromlist=["attention"])
+            calls[name] = lambda name=name: kcourse.blas.attention(q, k, v, causal=causal, backend=name)
+            kernels[name] = lambda module=module: module.attention(q.detach(), k.detach(), v.detach(), causal,
+                                                                   D ** -0.5)
+        row = {"causal": causal}
+        for name in calls:
+            calls[name]()
+            row[f"{name} graph ms"] = round(graph_ms(kernels[name]), 4)
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                row.setdefault(f"{name} runner ms", []).append(round(do_bench(fn, warmup=25, rep=100,
+                                                                              return_mode="median"), 4))
+                row.setdefault(f"{name} host us", []).append(host_us(fn))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
