@@ -14,10 +14,9 @@ import json
 import time
 
 import torch
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 from triton.testing import do_bench
 
 from kcourse.blas.cute import _compile
@@ -25,32 +24,18 @@ from kcourse.blas.cute import _attention_bwd_sm90 as M
 from kcourse.blas.cute._attention_fwd import mn_view
 
 
-class PostprocessPairs:
-    """Session 12's postprocess: thread t of warpgroup w reads its dQ registers back (16-byte loads, the
-    main kernel's order) and stores them where the dQ product's thread-to-element map puts them."""
-
-    threads = 256
-
-    def __init__(self, dtype: torch.dtype, D: int):
-        self.dtype, self.D = _compile.DTYPES[dtype], D
-
-    @cute.jit
-    def __call__(self, pacc: cute.Pointer, pdq: cute.Pointer, B: Int32, H: Int32, Tq: Int32, scale: Float32,
-                 stream: cuda.CUstream):
-        D = self.D
-        m_tiles = cute.ceil_div(Tq, M.TILE_M)
-        mAcc = M.accum_tensor(pacc, D, m_tiles, H, B)
-        mdQ = M.heads_contiguous(pdq, Tq, D, H, B)
-        self.kernel(mAcc, mdQ, M.dq_mma(self.dtype, D), scale).launch(
-            grid=[m_tiles, H, B], block=[self.threads, 1, 1], stream=stream)
+class PostprocessPairs(M._Postprocess):
+    """Session 12's postprocess (the host side is the shipped kernel's): thread t of warpgroup w reads
+    its dQ registers back (16-byte loads, the main kernel's order) and stores them where the dQ
+    product's thread-to-element map puts them."""
 
     @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mma: cute.TiledMma, scale: Float32):
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32):
         D = self.D
         tidx, _, _ = cute.arch.thread_idx()
         m, h, b = cute.arch.block_idx()
         Tq = mdQ.shape[0]
-        thr = mma.get_slice(tidx)
+        thr = M.dq_mma(self.dtype, D).get_slice(tidx)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((M.TILE_M, D)), Float32)
         cute.autovec_copy(M.register_order(mAcc[None, tidx // 128, m, h, b], tidx, D),
                           cute.make_tensor(acc.iterator, cute.make_layout((4, D // 16))))

@@ -40,6 +40,7 @@ import triton
 from triton.testing import do_bench
 
 import kcourse
+from attention_host import graph_ms, host_us  # this folder's (python puts a script's folder on the path)
 from kcourse.blas.triton import attention as A
 
 
@@ -103,18 +104,6 @@ def _old_launch(kernel, grid, key, *args, **kwargs):
     kernel[grid](*args, **kwargs)
 
 
-def _host_us(fn, calls=2000):
-    """Microseconds of host time per call of ``fn`` (no synchronization inside the loop)."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return round(elapsed / calls * 1e6, 2)
-
-
 def launch_rows(rounds):
     """launch_tuned against the autotuner's dispatch: runner-style times at T = 1k, host time per call."""
     from kcourse.blas.triton import _launch
@@ -140,11 +129,11 @@ def launch_rows(rounds):
                 for direction, fn in (("fwd", fwd), ("bwd", bwd)):
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                     row.setdefault(f"{direction} {name} ms", []).append(round(ms, 4))
-                    row.setdefault(f"{direction} {name} host us", []).append(_host_us(fn, 200))
+                    row.setdefault(f"{direction} {name} host us", []).append(host_us(fn, 200))
             for direction, fn in (("fwd", sdpa), ("bwd", sdpa_bwd)):
                 row.setdefault(f"{direction} sdpa ms", []).append(round(do_bench(fn, warmup=25, rep=100,
                                                                               return_mode="median"), 4))
-                row.setdefault(f"{direction} sdpa host us", []).append(_host_us(fn, 200))
+                row.setdefault(f"{direction} sdpa host us", []).append(host_us(fn, 200))
         A.launch_tuned = launches["direct"]
         qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
         cache = (qd, kd, vd, od, out.grad_fn.saved_tensors[4])
@@ -152,15 +141,7 @@ def launch_rows(rounds):
                                   ("bwd", lambda: A.attention_backward(dout, cache, (True, True, True), causal,
                                                                        D ** -0.5))):
             kernel()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                kernel()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                kernel()
-            row[f"{direction} graph ms"] = round(do_bench(graph.replay, return_mode="median"), 4)
+            row[f"{direction} graph ms"] = round(graph_ms(kernel), 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -197,7 +178,7 @@ def step_rows():
         "launch: jitted, no hook": lambda: kernel.fn[(1, 1, 1)](*descriptors, lse, *args, **direct),
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
-    row = {name: _host_us(fn) for name, fn in steps.items()}
+    row = {name: host_us(fn, 2000) for name, fn in steps.items()}
     print(json.dumps(row), flush=True)
     return row
 
@@ -245,15 +226,7 @@ def main():
                                return_mode="median")
         row["runner"] = do_bench(run, return_mode="median")
         row["kernel"] = do_bench(kernel, return_mode="median")
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            kernel()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            kernel()
-        row["graph"] = do_bench(graph.replay, return_mode="median")
+        row["graph"] = graph_ms(kernel)
         torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(200):
