@@ -18,9 +18,10 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     paired      one CTA per pair
     paired+p    a persistent grid over the pairs
     tile+p      a persistent grid over the tiles
-    ...+o       (forward; two K and two V stages) with the cross-tile overlap: a tile's first S = Q K^T issued beside the last
-                P V of the CTA's tile before, its softmax while that runs, then the earlier tile's epilogue;
-                two Q buffers (``q_stages``), so that the next tile's Q is there in time
+    ...+o       (forward; two K and two V stages) with the cross-tile overlap: a tile's first S = Q K^T
+                issued beside the last P V of the CTA's tile before, its softmax while that runs, then the
+                earlier tile's epilogue; two Q buffers (``q_stages``), so that the next tile's Q is there
+                in time
     ...+o1      the overlap with one Q buffer (the next tile's Q loads only once this tile's last S is done)
     tile+p+q2   two Q buffers without the overlap
     ...+kv3     (forward) three K and V stages, one Q buffer, no overlap (at D = 128 the two Q buffers of

@@ -300,7 +300,8 @@ class _Postprocess:
         for k in cutlass.range_constexpr(4 * D // self.threads):  # the CTA's 4D blocks, D / 64 a thread
             block = tidx + self.threads * k
             j, u, w = block % J, block // J % 32, block // (32 * J)
-            blocks = cute.make_tensor(mAcc[None, w, m, h, b].iterator, cute.make_layout((16, 32, J), stride=(1, 16, 512)))
+            blocks = cute.make_tensor(mAcc[None, w, m, h, b].iterator,
+                                      cute.make_layout((16, 32, J), stride=(1, 16, 512)))  # (float, u, j)
             acc = cute.make_rmem_tensor(16, Float32)
             cute.autovec_copy(blocks[None, u, j], acc)
             vals = cute.make_tensor(acc.iterator, fragment)
@@ -309,7 +310,8 @@ class _Postprocess:
                 if row < Tq:
                     out = cute.make_rmem_tensor(8, self.dtype)
                     out.store((vals[i, None].load() * scale).to(self.dtype))
-                    groups = cute.make_tensor(mdQ[row, None, h, b].iterator, cute.make_layout((8, 2 * J), stride=(1, 8)))
+                    groups = cute.make_tensor(mdQ[row, None, h, b].iterator,
+                                              cute.make_layout((8, 2 * J), stride=(1, 8)))  # the row by 8
                     cute.autovec_copy(out, groups[None, w * J + j])
 
 
