@@ -125,3 +125,23 @@ def test_primitive_backward_runs_on_the_forward_backend(monkeypatch):
     with kcourse.use_backend("pytorch"):
         (y * torch.randn_like(y)).sum().backward()
     assert seen == [("python", "softmax")]
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_primitive_without_grad_runs_bare(monkeypatch, name):
+    """A primitive whose inputs want no gradient (or under torch.no_grad) runs its kernel without an
+    autograd node, and gives the same values as with one."""
+    import kcourse.blas.autograd as autograd_module
+
+    applied = []
+    real = autograd_module.Primitive.apply
+    monkeypatch.setattr(autograd_module.Primitive, "apply", lambda *args: applied.append(args[0]) or real(*args))
+    x, w = randn(4, 9), randn(9)
+    bare = blas.layer_norm(x, w, backend=name)
+    with torch.no_grad():
+        no_grad = blas.layer_norm(x.requires_grad_(), w, backend=name)
+    assert applied == [] and bare.grad_fn is None and no_grad.grad_fn is None
+    tracked = blas.layer_norm(x, w, backend=name)
+    assert applied == ["layer_norm"] and tracked.grad_fn is not None
+    torch.testing.assert_close(bare, tracked.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(no_grad, bare, rtol=0, atol=0)
