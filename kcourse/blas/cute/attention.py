@@ -19,8 +19,9 @@ their docstrings have the details):
   - forward on Hopper, 16-bit, D = 64 or 128 (``_attention_fwd_sm90.supports``): FlashAttention-3's
     design, a TMA producer warp and two WGMMA consumer warpgroups with P kept in registers.
   - backward on Hopper, the same cases (``_attention_bwd_sm90.supports``): a work tile per 128 keys
-    (causal: pairs of them on a persistent grid, every pair the same work), dK and dV in registers, dQ summed across key tiles in float32 by bulk reductions (the copy engine's
-    atomic adds in L2), so dq's last bits vary from run to run. Under
+    (causal: pairs of them on a persistent grid, every pair the same work), dK and dV in registers,
+    dQ summed across key tiles in float32 by bulk reductions (the copy engine's atomic adds in L2),
+    so dq's last bits vary from run to run. Under
     ``torch.use_deterministic_algorithms(True)`` the backward takes the mma.sync kernels instead.
   - forward otherwise: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream
     through a two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers;

@@ -40,7 +40,8 @@ what one call costs the host (validation, the autograd node, two allocations, fo
 autotuner's dispatch, Triton's launch: 0.20-0.30 ms on the benchmark machines), so the GPU waited on
 the host. The launchers go around the autotuner once it has picked a config for a key
 (``_launch.launch_tuned``), build the descriptors without re-checking what ``tma_strides`` checked,
-and ``kcourse.blas`` skips the autograd node when no input wants a gradient: 0.10-0.11 ms a call, and
+and ``kcourse.blas`` skips the autograd node when no input wants a gradient: 0.10-0.11 ms a call on
+the machine that measured the autotuner's dispatch at 0.14-0.33 (up to 0.24 on a slower one), and
 the runner's forward at T = 1k went from 0.32 / 0.62 of SDPA (causal / not) to 0.82 / 0.77, the
 kernel's own speed (benchmarks/results/h100-2026-11-25-session13).
 Details worth reading the kernels for:
