@@ -356,9 +356,10 @@ HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 7
 @pytest.mark.parametrize("case", HOPPER_UNITS, ids=str)
 def test_cute_hopper_work_units(case):
     """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
-    persistent grid, the forward's overlap of tiles with one or two Q buffers, two or three V stages)
-    change no bit of out, lse, dk, dv (a tile's arithmetic is the same whichever CTA runs it; dq's
-    float32 sums come in a varying order), and the configured one matches the reference."""
+    persistent grid, the forward's overlap of tiles with one or two Q buffers, two or three V stages, its
+    epilogue's direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
+    whichever CTA runs it; dq's float32 sums come in a varying order), and the configured one matches the
+    reference."""
     require_backend("cute")
     from kcourse.blas.cute import _attention_bwd_sm90 as bwd90, _attention_fwd_sm90 as fwd90, _compile
 
@@ -382,9 +383,12 @@ def test_cute_hopper_work_units(case):
         return grads
 
     one = dict(persistent=False, paired=False)
-    out, lse = forward(**one, overlap=False, q_stages=1)
+    out, lse = forward(**one, overlap=False, q_stages=1, tma_store=False)
     overlapped = dict(persistent=True, paired=causal, overlap=True)
-    for variant in ({}, dict(**overlapped, q_stages=1), *(dict(**overlapped, q_stages=2, v_stages=v) for v in (2, 3))):
+    direct = [dict(**overlapped, q_stages=1)] + [dict(**overlapped, q_stages=2, v_stages=v) for v in (2, 3)]
+    # the epilogue through smem and a TMA store: with two V stages beside the overlap, three without
+    stored = [dict(**one, overlap=False, q_stages=1, v_stages=3), dict(**overlapped, q_stages=2, v_stages=2)]
+    for variant in ({}, *(dict(**v, tma_store=False) for v in direct), *(dict(**v, tma_store=True) for v in stored)):
         got = forward(**variant)
         assert torch.equal(got[0], out) and torch.equal(got[1], lse), variant
     dq, dk, dv = backward(out, lse, **one)

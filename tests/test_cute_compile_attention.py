@@ -89,7 +89,7 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
         fwd = _attention_fwd_sm90.config(D, causal, shape[3])
-        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages")
+        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages", "tma_store")
         assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in variant))
         paired = _attention_bwd_sm90.config(D, causal, shape[4])["paired"]
         assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal, paired), (dtype, D)], seen
@@ -141,11 +141,15 @@ FORWARD_VARIANTS = [(False, False, False, False, False), (False, True, False, Fa
 
 
 # three K and V stages beside one Q buffer, or with the overlap's two Q buffers three of one of them
-# (three of each exceed the shared memory at D = 128)
-@pytest.mark.parametrize("causal, persistent, paired, pingpong, overlap, k_stages, v_stages",
-                         [(*v, 2, 2) for v in FORWARD_VARIANTS] + [(*v, 3, 3) for v in FORWARD_VARIANTS if not v[4]]
-                         + [(*v, k, 5 - k) for v in FORWARD_VARIANTS if v[4] for k in (2, 3)])
-def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, overlap, k_stages, v_stages):
+# (three of each exceed the shared memory at D = 128); each with the epilogue's TMA store where it fits
+# (its out buffer takes a stage's 32 KB: two K and V stages beside the overlap, three V stages without)
+@pytest.mark.parametrize("causal, persistent, paired, pingpong, overlap, k_stages, v_stages, tma_store",
+                         [(*v, 2, 2, s) for v in FORWARD_VARIANTS for s in (False, True)]
+                         + [(*v, 3, 3, False) for v in FORWARD_VARIANTS if not v[4]]
+                         + [(*v, 2, 3, True) for v in FORWARD_VARIANTS if not v[4]]
+                         + [(*v, k, 5 - k, False) for v in FORWARD_VARIANTS if v[4] for k in (2, 3)])
+def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, overlap, k_stages, v_stages,
+                                         tma_store):
     """The variants ``config`` does not pick for these sizes still build (longer sequences or the
     benchmarks take them)."""
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
@@ -153,7 +157,18 @@ def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, o
     with _compile.compiling_only():
         _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
                                                paired=paired, pingpong=pingpong, overlap=overlap,
-                                               q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages)
+                                               q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages,
+                                               tma_store=tma_store)
+
+
+def test_hopper_forward_variant_too_large():
+    """A variant whose buffers exceed an SM's shared memory is refused by name before it compiles."""
+    q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
+    with _compile.compiling_only(), pytest.raises(ValueError, match=r"q_stages=2, k_stages=2, v_stages=3, "
+                                                                      r"tma_store=True needs 263168 bytes"):
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, True, 0.1, overlap=True, q_stages=2,
+                                               v_stages=3, tma_store=True)
 
 
 @pytest.mark.parametrize("causal, persistent, paired",
@@ -179,14 +194,17 @@ def test_hopper_forward_config():
         assert not config(D, False, 100)["paired"] and config(D, False, 100)["persistent"]
         backward = _attention_bwd_sm90.config
         assert backward(D, True, 8192) == {"persistent": True, "paired": True}
-        # the cross-tile overlap (two Q stages): D = 128 where a CTA runs several tiles, up to 4k without the mask
+        # the cross-tile overlap (two Q stages): D = 128 where a CTA runs several tiles, up to 1k without the mask
         assert config(D, True, 8192)["overlap"] == (D == 128) and not config(D, True, 8193)["overlap"]
-        assert config(D, False, 4096)["overlap"] == (D == 128) and not config(D, False, 4097)["overlap"]
+        assert config(D, False, 1024)["overlap"] == (D == 128) and not config(D, False, 1025)["overlap"]
         assert all(c["q_stages"] == (2 if c["overlap"] else 1) for c in (config(D, True, 100), config(D, False, 100)))
-        # three V stages with the mask beside the overlap's two Q buffers (measured), two elsewhere
-        assert config(D, True, 100)["k_stages"] == config(D, False, 100)["k_stages"] == 2
-        assert config(D, True, 100)["v_stages"] == (3 if D == 128 else 2) and config(D, False, 100)["v_stages"] == 2
-        assert config(D, True, 8193)["v_stages"] == 2
+        # the epilogue's TMA store: D = 128 up to 8k with the mask and 4k without, D = 64 up to 2k
+        stored = {128: (8192, 4096), 64: (2048, 2048)}[D]
+        assert config(D, True, stored[0])["tma_store"] and not config(D, True, stored[0] + 1)["tma_store"]
+        assert config(D, False, stored[1])["tma_store"] and not config(D, False, stored[1] + 1)["tma_store"]
+        # two K and V stages everywhere (three V stages measured no better beside the TMA store)
+        assert all(c["k_stages"] == c["v_stages"] == 2 for c in (config(D, True, 100), config(D, False, 100),
+                                                                  config(D, True, 8193), config(D, False, 8193)))
         assert backward(D, True, 8193) == backward(D, False, 100) == {"persistent": False, "paired": False}
 
 

@@ -28,6 +28,9 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
                 the overlap and three K/V stages do not fit together)
     ...+o+k3, ...+o+v3  (forward) the overlap with three K stages and two V stages, or the reverse
                 (thirteenth session: 224 KB at D = 128)
+    ...+s       (forward) the epilogue through shared memory and a TMA store (``tma_store``; two V
+                stages, or three (``+s+v3``) with one Q buffer: 224 KB at D = 128 either way)
+    config      the configured variant (``config``)
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -63,8 +66,17 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            "paired+p+o+k3": dict(paired=True, persistent=True, overlap=True, q_stages=2, k_stages=3, v_stages=2),
            "tile+p+o+k3": dict(paired=False, persistent=True, overlap=True, q_stages=2, k_stages=3, v_stages=2),
            "paired+p+o+v3": dict(paired=True, persistent=True, overlap=True, q_stages=2, v_stages=3),
-           "tile+p+o+v3": dict(paired=False, persistent=True, overlap=True, q_stages=2, v_stages=3)}
-# the forward variants timed (``{}``: paired with the mask, tile without)
+           "tile+p+o+v3": dict(paired=False, persistent=True, overlap=True, q_stages=2, v_stages=3),
+           "paired+p+o+s": dict(paired=True, persistent=True, overlap=True, q_stages=2, v_stages=2, tma_store=True),
+           "tile+p+o+s": dict(paired=False, persistent=True, overlap=True, q_stages=2, v_stages=2, tma_store=True),
+           "paired+p+s": dict(paired=True, persistent=True, overlap=False, q_stages=1, v_stages=2, tma_store=True),
+           "tile+p+s": dict(paired=False, persistent=True, overlap=False, q_stages=1, v_stages=2, tma_store=True),
+           "tile+s": dict(paired=False, persistent=False, overlap=False, q_stages=1, v_stages=2, tma_store=True),
+           "paired+p+s+v3": dict(paired=True, persistent=True, overlap=False, q_stages=1, v_stages=3, tma_store=True),
+           "tile+p+s+v3": dict(paired=False, persistent=True, overlap=False, q_stages=1, v_stages=3, tma_store=True),
+           "tile+s+v3": dict(paired=False, persistent=False, overlap=False, q_stages=1, v_stages=3, tma_store=True),
+           "config": {}}
+# the forward variants timed (``{}``: paired with the mask, tile without; ``--timed`` names others)
 FORWARD_TIMED = ["{}+p+o", "{}+p+o+v3"]
 # (B, H, Hkv, Tq, Tk, D, causal, layout)
 CASES = [(2, 4, 4, 257, 257, 64, True, "bhtd"), (1, 8, 2, 300, 300, 128, True, "bthd"),
@@ -143,7 +155,8 @@ def check(backward_too, only=None):
     return failures
 
 
-def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64)):
+def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64),
+          timed=FORWARD_TIMED):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
@@ -159,7 +172,7 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                 scale = 1 / math.sqrt(D)
                 names = list(VARIANTS) if causal else ["tile", "tile+p"]
                 if not backward_too:  # the forward: the adopted variants with and without the overlap
-                    names = [n.format("paired" if causal else "tile") for n in FORWARD_TIMED]
+                    names = [n.format("paired" if causal else "tile") for n in timed]
                 flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
                 if backward_too:
                     flops *= 2.5
@@ -235,6 +248,8 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
     parser.add_argument("--head-dims", default="128,64", help="head dims to time")
+    parser.add_argument("--timed", default=",".join(FORWARD_TIMED), help="forward variants to time ({}: paired "
+                        "with the mask, tile without)")
     args = parser.parse_args()
     if args.api:
         return api(args.out)
@@ -243,7 +258,7 @@ def main():
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)
     bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")], args.rounds,
-          [int(d) for d in args.head_dims.split(",")])
+          [int(d) for d in args.head_dims.split(",")], args.timed.split(","))
 
 
 if __name__ == "__main__":

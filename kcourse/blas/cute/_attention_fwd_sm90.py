@@ -82,7 +82,7 @@ import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .._layout import tma_strides
 from . import _compile
@@ -106,7 +106,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
 
 def config(D: int, causal: bool, Tq: int) -> dict:
     """The kernel's variant for a head dim, mask and query length: keys per tile, work units (one query
-    tile or a pair), persistent grid, ping-pong, the overlap of tiles and Q buffers.
+    tile or a pair), persistent grid, ping-pong, the overlap of tiles and Q buffers, the K and V rings,
+    the epilogue's stores.
 
     Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
     benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
@@ -131,16 +132,25 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     memory (Nsight Compute), as three K/V stages beside one Q tile would; three stages with one Q buffer
     and no overlap (225 KB at D = 128) measured 0.85-1.01 of SDPA at T = 1k-4k against 0.92-1.03 for
     the configured variants (h100-2026-11-25-session12/kv3-fwd.json). Beside the overlap's two Q
-    buffers, three V stages (224 KB at D = 128) measured 1.04 / 1.02 / 1.01x with the mask at T = 1k /
-    2k / 4k in two processes (1.00x at 8k) and 0.94-1.00x without it, three K stages 0.99-1.00x and
-    0.95-0.99x (h100-2026-11-25-session13/kv-split-fwd-{1,2}.json); hence three V stages with the
-    mask and the overlap."""
+    buffers, three V stages measured 1.01-1.04x with the mask at T = 1k-4k, until the TMA store took
+    their place (h100-2026-11-25-session13/kv-split-fwd-{1,2}.json).
+    ``tma_store``: the epilogue writes out through shared memory (stmatrix) and a TMA store of each
+    warpgroup's 64 x D box, issued by one thread, instead of 4-byte stores from registers; a probe
+    that skipped the stores ran 1.05-1.15x faster at T = 1k-4k. Its buffer (32 KB at D = 128) takes
+    the third V stage's place. Measured on H100s in two processes (h100-2026-11-25-session15/README.md),
+    fraction of SDPA at D = 128, T = 1k / 2k / 4k / 8k, before (overlap, three V stages) -> with the
+    overlap and the TMA store: causal 0.93-0.97 / 1.01-1.02 / 1.03-1.05 / 0.99-1.04 ->
+    1.00-1.01 / 1.05-1.06 / 1.05-1.06 / 0.99-1.06; without the mask the TMA store without the overlap
+    wins at 2k and 4k (0.98-1.00 / 1.01, against 0.94-0.95 / 0.99-1.00 before) and with it at 1k (0.98-1.05
+    against 0.90-0.96), while at 8k and beyond the direct stores stay ahead (1-2%). At D = 64 the TMA
+    store wins 0.5-4% at T <= 2k, ties at 4k and loses 1-2% at 8k."""
     m_tiles = -(-Tq // 128)
     paired = causal and m_tiles <= 64
-    overlap = D == 128 and (paired or (not causal and m_tiles <= 32))
+    tma_store = (paired or (not causal and m_tiles <= 32)) if D == 128 else m_tiles <= 16
+    overlap = D == 128 and (paired or (not causal and m_tiles <= 8))
     return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
             "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1,
-            "k_stages": 2, "v_stages": 3 if causal and overlap else 2}
+            "k_stages": 2, "v_stages": 2, "tma_store": tma_store}
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -152,7 +162,8 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     c = {**config(D, causal, Tq), **variant}
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
-                                        c["pingpong"], c["overlap"], c["q_stages"], c["k_stages"], c["v_stages"]),
+                                        c["pingpong"], c["overlap"], c["q_stages"], c["k_stages"], c["v_stages"],
+                                        c["tma_store"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
                     scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
@@ -225,9 +236,11 @@ class _AttentionFwdSm90:
     producer_warp = 8  # the first warp of warpgroup 2
     producer_regs, consumer_regs = 24, 240  # 128 * 24 + 256 * 240 = 64512 of the SM's 65536
     pingpong_barrier = 2  # named barriers 2, 3: "consumer warpgroup 0 / 1 may issue its WGMMAs"
+    epilogue_barrier = 4  # named barriers 4, 5: the threads of consumer warpgroup 0 / 1 (the TMA store)
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
-                 pingpong: bool, overlap: bool, q_stages: int, k_stages: int = 2, v_stages: int = 2):
+                 pingpong: bool, overlap: bool, q_stages: int, k_stages: int = 2, v_stages: int = 2,
+                 tma_store: bool = False):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
@@ -235,6 +248,13 @@ class _AttentionFwdSm90:
         self.overlap = overlap  # a tile's first product beside the last P V of the tile before
         self.q_stages = q_stages  # 2: the next tile's Q loads while this tile runs
         self.k_stages, self.v_stages = k_stages, v_stages  # the K and V rings (D = 128: 32 KB a stage each)
+        self.tma_store = tma_store  # the epilogue: out through shared memory and a TMA store
+        tile_bytes = 2 * self.tile_m * D  # a Q, K, V or out tile (16-bit types, tile_n = tile_m)
+        smem = 1024 + tile_bytes * (q_stages + k_stages + v_stages + tma_store)  # + mbarriers and alignment
+        if smem > 227 * 1024:
+            raise ValueError(f"cute attention (forward, sm_90): the variant q_stages={q_stages}, k_stages={k_stages}, "
+                             f"v_stages={v_stages}, tma_store={tma_store} needs {smem} bytes of shared memory at "
+                             f"D = {D}, more than an SM has (227 KB)")
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
     @cute.jit
@@ -274,6 +294,18 @@ class _AttentionFwdSm90:
         tma_q, tma_mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(q_smem, (None, None, 0)), (bM, D))
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(k_smem, (None, None, 0)), (bN, D))
         tma_v, tma_mVt = cpasync.make_tiled_tma_atom(load, mVt, cute.slice_(v_smem, (None, None, 0)), (D, bN))
+        # the epilogue's store (``tma_store``): each consumer warpgroup writes its 64 rows of out into its
+        # own swizzled buffer (stmatrix) and ships them with one TMA store; rows past Tq are clipped by
+        # the copy engine (the box is 64 x D, and D is the tensor's own last extent)
+        o_smem = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, D), self.consumer_wgs)  # (64, D, 2)
+        tma_o = tma_mO = mma_o = None
+        if cutlass.const_expr(self.tma_store):
+            tma_o, tma_mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                        cute.slice_(o_smem, (None, None, 0)), (64, D))
+            mma_o = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.MN, Float32,
+                                                      (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
+            # mma_o: one warpgroup's share of the P V product, whose accumulator layout stmatrix copies
+        o_elems = cute.cosize(o_smem) if self.tma_store else 8
 
         @cute.struct
         class SharedStorage:
@@ -283,6 +315,7 @@ class _AttentionFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_smem)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_smem)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_smem)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]  # (tma_store)
 
         self.shared_storage = SharedStorage
         # work tiles (query tile, head, batch), query tile fastest: the CTAs at work together read the
@@ -299,8 +332,8 @@ class _AttentionFwdSm90:
         grid = units
         if cutlass.const_expr(self.persistent):
             grid = cutlass.min(units, sms)
-        self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv,
-                    q_smem, k_smem, v_smem, H // Hkv, units, scale_log2).launch(
+        self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv, q_smem, k_smem, v_smem,
+                    tma_o, tma_mO, mma_o, o_smem, H // Hkv, units, scale_log2).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
@@ -353,10 +386,11 @@ class _AttentionFwdSm90:
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, q_smem: cute.ComposedLayout,
-               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, group: Int32, units: Int32,
-               scale_log2: Float32):
-        # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B): TMA coordinate tensors;
-        # mO (Tq, D, H, B) out itself; mLSE (Tq, H, B) float32
+               k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, tma_o, mO_tma, mma_o,
+               o_smem: cute.ComposedLayout, group: Int32, units: Int32, scale_log2: Float32):
+        # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B), mO_tma (Tq, D, H, B): TMA coordinate
+        # tensors (mO_tma, tma_o, mma_o: None without ``tma_store``); mO (Tq, D, H, B) out itself;
+        # mLSE (Tq, H, B) float32
         D, bM, bN = self.D, self.tile_m, self.tile_n
         tidx, warp_idx, wg_idx, bx, grid = thread_roles(self.threads_per_wg)
         Tq, Tk, H = mO.shape[0], mK.shape[0], mO.shape[2]
@@ -369,6 +403,9 @@ class _AttentionFwdSm90:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (bM, D, 1)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bN, D, S)
         sVt = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (D, bN, S)
+        sO = None
+        if cutlass.const_expr(self.tma_store):
+            sO = storage.sO.get_tensor(o_smem.outer, swizzle=o_smem.inner)  # (64, D, consumer warpgroup)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_wgs * 4)  # one arrive a warp
 
@@ -420,8 +457,8 @@ class _AttentionFwdSm90:
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx, wg_idx,
-                         bx, grid, units, Tq, Tk, H, scale_log2)
+            self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, (tma_o, mO_tma, mma_o, sO),
+                         tidx, wg_idx, bx, grid, units, Tq, Tk, H, scale_log2)
 
     def registers(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                   sVt: cute.Tensor, tidx: Int32, wg_idx: Int32) -> SimpleNamespace:
@@ -445,13 +482,29 @@ class _AttentionFwdSm90:
         r.rO = cute.make_rmem_tensor_like(r.acc_o, self.dtype)
         return r
 
+    def store_setup(self, r: SimpleNamespace, store: tuple, tidx: Int32, wg_idx: Int32):
+        """``tma_store``: the stmatrix copy of a warpgroup's out rows (its P V accumulator layout, rounded
+        to the dtype) into its smem buffer, and what the TMA store reads, in ``r``."""
+        r.tma_o, r.mO_tma, mma_o, sO = store
+        atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(False, 4), self.dtype)  # four 8 x 8 blocks a warp
+        r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, mma_o))
+        r.sO = sO[None, None, wg_idx]  # (64, D)
+        r.r2s = r2s
+        thr = r2s.get_slice(tidx % self.threads_per_wg)
+        r.tRS_sO = thr.partition_D(r.sO)  # (CPY, CPY_M, CPY_N): where stmatrix puts this thread's values
+        r.tRS_rO = r2s.retile(r.rO)  # r.rO in the copy's value order (same count, another shape)
+        r.rO_copy = cute.make_rmem_tensor(cute.shape(thr.partition_S(r.sO)), self.dtype)  # in the copy's shape
+
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
-                sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32,
-                wg_idx: Int32, first: Int32, step: Int32, units: Int32, Tq: Int32, Tk: Int32, H: Int32,
+                sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, store: tuple,
+                tidx: Int32, wg_idx: Int32, first: Int32, step: Int32, units: Int32, Tq: Int32, Tk: Int32, H: Int32,
                 scale_log2: Float32):
-        """A consumer warpgroup: its 64 rows of out and lse, for the tiles of units first, first + step, ..."""
+        """A consumer warpgroup: its 64 rows of out and lse, for the tiles of units first, first + step, ...
+        ``store``: (tma_o, mO_tma, mma_o, sO) of ``tma_store``."""
         r = self.registers(mma_qk, mma_pv, sQ, sK, sVt, tidx, wg_idx)
+        if cutlass.const_expr(self.tma_store):
+            self.store_setup(r, store, tidx, wg_idx)
         if cutlass.const_expr(self.pingpong):
             if wg_idx == 1:  # warpgroup 0 issues first
                 cute.arch.barrier_arrive(barrier_id=self.pingpong_barrier, number_of_threads=2 * self.threads_per_wg)
@@ -480,6 +533,9 @@ class _AttentionFwdSm90:
                         r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
                         n_blocks, n_masked, Tq, Tk, scale_log2)
                 tile = next_tile(tile, step, self.paired)
+        if cutlass.const_expr(self.tma_store):
+            if tidx % self.threads_per_wg == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read smem: the CTA may end
 
     @cute.jit
     def reset(self, row_max: cute.Tensor, row_sum: cute.Tensor):
@@ -573,7 +629,7 @@ class _AttentionFwdSm90:
         q_pipe.consumer_release(q_state)  # the last S = Q K^T is done: the next tile's Q may come in
         q_state.advance()
         v_read = self.last_pv(r, mma_pv, v_pipe, v_read)
-        self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+        self.epilogue(r, mma_pv, mO, mLSE, tidx, wg_idx, h, b, row0, Tq, scale_log2)
         return q_state, k_read, v_read
 
     @cute.jit
@@ -594,7 +650,7 @@ class _AttentionFwdSm90:
                                            h, b, row0, nxt, Tq, Tk, H, scale_log2)
         else:
             v_read = self.last_pv(r, mma_pv, v_pipe, v_read)
-            self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+            self.epilogue(r, mma_pv, mO, mLSE, tidx, wg_idx, h, b, row0, Tq, scale_log2)
         return q_state, k_read, v_read
 
     @cute.jit
@@ -629,7 +685,7 @@ class _AttentionFwdSm90:
         warpgroup.wait_group(0)  # this tile's last P V is done
         v_pipe.consumer_release(v_read)
         v_read.advance()
-        self.epilogue(r, mma_pv, mO, mLSE, tidx, h, b, row0, Tq, scale_log2)
+        self.epilogue(r, mma_pv, mO, mLSE, tidx, wg_idx, h, b, row0, Tq, scale_log2)
         r.row_max.store(r.row_max_next.load())
         r.row_sum.store(r.row_sum_next.load())
         r.acc_o.fill(0.0)
@@ -637,8 +693,8 @@ class _AttentionFwdSm90:
         return k_read, v_read
 
     @cute.jit
-    def epilogue(self, r, mma_pv, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32, h: Int32, b: Int32,
-                 row0: Int32, Tq: Int32, scale_log2: Float32):
+    def epilogue(self, r, mma_pv, mO: cute.Tensor, mLSE: cute.Tensor, tidx: Int32, wg_idx: Int32, h: Int32,
+                 b: Int32, row0: Int32, Tq: Int32, scale_log2: Float32):
         """out = O / l rounded to the dtype, lse = (c m + log2 l) ln 2, rows past Tq skipped."""
         D, bM = self.D, self.tile_m
         rows = cute.size(r.O, mode=[0])
@@ -650,11 +706,34 @@ class _AttentionFwdSm90:
             if lane % 4 == 0:  # the quad's lanes hold the same row: one writes it
                 if row < Tq:
                     mLSE[row, h, b] = (r.row_max[j] * scale_log2 + cute.math.log2(l)) * LN2
-        # each thread's (row, 2t..2t+1) pairs are 4 contiguous bytes: one store each
-        gO = mn_view(mma_pv.get_slice(tidx).partition_C(
-            cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0))))
         r.rO.store(r.acc_o.load().to(self.dtype))
-        rO_rows = mn_view(r.rO)
-        for j in cutlass.range_constexpr(rows):
-            if row0 + r.cO[j, 0][0] < Tq:
-                cute.autovec_copy(rO_rows[j, None], gO[j, None])
+        if cutlass.const_expr(self.tma_store):
+            self.store_out(r, tidx, wg_idx, h, b, row0)
+        else:  # each thread's (row, 2t..2t+1) pairs are 4 contiguous bytes: one store each
+            gO = mn_view(mma_pv.get_slice(tidx).partition_C(
+                cute.local_tile(mO[None, None, h, b], (bM, D), (row0 // bM, 0))))
+            rO_rows = mn_view(r.rO)
+            for j in cutlass.range_constexpr(rows):
+                if row0 + r.cO[j, 0][0] < Tq:
+                    cute.autovec_copy(rO_rows[j, None], gO[j, None])
+
+    @cute.jit
+    def store_out(self, r, tidx: Int32, wg_idx: Int32, h: Int32, b: Int32, row0: Int32):
+        """``tma_store``: this warpgroup's 64 rows of out (``r.rO``) into its smem buffer (stmatrix), then
+        one thread's TMA store of the 64 x D box, which runs on while the warpgroup goes on; before the
+        buffer is written again, that thread waits until the previous store has read it."""
+        barrier = self.epilogue_barrier + wg_idx
+        leader = tidx % self.threads_per_wg == 0
+        if leader:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.threads_per_wg)
+        r.rO_copy.store(r.tRS_rO.load().reshape(r.rO_copy.shape))  # the same registers in the copy's shape
+        cute.copy(r.r2s, r.rO_copy, r.tRS_sO)
+        cute.arch.fence_proxy("async.shared", space="cta")  # the writes, visible to the copy engine
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.threads_per_wg)
+        if leader:
+            gO = cute.local_tile(r.mO_tma[None, None, h, b], (64, self.D), (row0 // 64 + wg_idx, 0))
+            sO_box, gO_box = cpasync.tma_partition(r.tma_o, 0, cute.make_layout(1), cute.group_modes(r.sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+            cute.copy(r.tma_o, sO_box, gO_box)
+            cute.arch.cp_async_bulk_commit_group()
