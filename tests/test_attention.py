@@ -349,15 +349,16 @@ def test_attention_deterministic_mode(backend, causal):
 # (B, H, Hkv, Tq, Tk, D, causal, layout): more work units than an H100 has SMs, so that a persistent
 # CTA runs several tiles (the overlap between them) and, paired, an odd query-tile count's middle tile
 HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 777, 64), True, "contiguous"),
-                ((3, 16, 16, 1000, 1000, 128), True, "bthd")]
+                ((3, 16, 16, 1000, 1000, 128), True, "bthd"),
+                ((2, 4, 2, 100, 333, 128), True, "contiguous")]  # key tiles no query sees: dK = dV = 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", HOPPER_UNITS, ids=str)
 def test_cute_hopper_work_units(case):
     """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
-    persistent grid, the forward's overlap of tiles with one or two Q buffers, two or three V stages, its
-    epilogue's direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
+    persistent grid, the forward's overlap of tiles with one or two Q buffers, two or three V stages, the
+    epilogues' direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
     whichever CTA runs it; dq's float32 sums come in a varying order), and the configured one matches the
     reference."""
     require_backend("cute")
@@ -391,8 +392,9 @@ def test_cute_hopper_work_units(case):
     for variant in ({}, *(dict(**v, tma_store=False) for v in direct), *(dict(**v, tma_store=True) for v in stored)):
         got = forward(**variant)
         assert torch.equal(got[0], out) and torch.equal(got[1], lse), variant
-    dq, dk, dv = backward(out, lse, **one)
-    for variant in ({}, dict(persistent=True, paired=causal)):
+    dq, dk, dv = backward(out, lse, **one, tma_store=False)
+    for variant in ({}, dict(persistent=True, paired=causal, tma_store=False), dict(**one, tma_store=True),
+                    dict(persistent=True, paired=causal, tma_store=True)):
         got = backward(out, lse, **variant)
         assert torch.equal(got[1], dk) and torch.equal(got[2], dv), variant
         assert_close(got[0], dq, k=GRAD_K)

@@ -91,8 +91,9 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
         fwd = _attention_fwd_sm90.config(D, causal, shape[3])
         variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages", "tma_store")
         assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in variant))
-        paired = _attention_bwd_sm90.config(D, causal, shape[4])["paired"]
-        assert [key for _, key in seen[1:]] == [(dtype, D), (dtype, D, causal, paired), (dtype, D)], seen
+        bwd = _attention_bwd_sm90.config(D, causal, shape[4])
+        main = (dtype, D, causal, bwd["paired"], bwd["tma_store"])
+        assert [key for _, key in seen[1:]] == [(dtype, D), main, (dtype, D)], seen
         if layout == "bthd":
             assert not cache[0].is_contiguous()
         return
@@ -171,16 +172,19 @@ def test_hopper_forward_variant_too_large():
                                                v_stages=3, tma_store=True)
 
 
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("tma_store", [False, True], ids=["direct", "tma_store"])
 @pytest.mark.parametrize("causal, persistent, paired",
-                         [(False, True, False), (True, False, True), (True, True, True)])
-def test_hopper_backward_variants_compile(causal, persistent, paired):
-    """The backward's work-unit variants (a persistent grid, paired key tiles) build."""
-    q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
+                         [(False, False, False), (False, True, False), (True, False, True), (True, True, True)])
+def test_hopper_backward_variants_compile(causal, persistent, paired, tma_store, D):
+    """The backward's variants (a persistent grid, paired key tiles; dK and dV stored from registers
+    or through shared memory and TMA) build."""
+    q = torch.zeros(1, 2, 300, D, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 300)
     with _compile.compiling_only():
         _attention_bwd_sm90.attention_bwd_sm90(q, q, q, q, q, lse, torch.empty_like(q), torch.empty_like(q),
                                                torch.empty_like(q), causal, 0.1, persistent=persistent,
-                                               paired=paired)
+                                               paired=paired, tma_store=tma_store)
 
 
 def test_hopper_forward_config():
@@ -193,7 +197,11 @@ def test_hopper_forward_config():
         assert not config(D, True, 8193)["paired"] and not config(D, True, 8193)["persistent"]
         assert not config(D, False, 100)["paired"] and config(D, False, 100)["persistent"]
         backward = _attention_bwd_sm90.config
-        assert backward(D, True, 8192) == {"persistent": True, "paired": True}
+        assert backward(D, True, 8192) == {"persistent": True, "paired": True, "tma_store": False}
+        # dK and dV through TMA stores: up to 32 / 16 key tiles (with / without the mask) at D = 128, 8 at 64
+        stored = {128: (4096, 2048), 64: (1024, 1024)}[D]
+        assert backward(D, True, stored[0])["tma_store"] and not backward(D, True, stored[0] + 1)["tma_store"]
+        assert backward(D, False, stored[1])["tma_store"] and not backward(D, False, stored[1] + 1)["tma_store"]
         # the cross-tile overlap (two Q stages): D = 128 where a CTA runs several tiles, up to 1k without the mask
         assert config(D, True, 8192)["overlap"] == (D == 128) and not config(D, True, 8193)["overlap"]
         assert config(D, False, 1024)["overlap"] == (D == 128) and not config(D, False, 1025)["overlap"]
@@ -205,7 +213,8 @@ def test_hopper_forward_config():
         # two K and V stages everywhere (three V stages measured no better beside the TMA store)
         assert all(c["k_stages"] == c["v_stages"] == 2 for c in (config(D, True, 100), config(D, False, 100),
                                                                   config(D, True, 8193), config(D, False, 8193)))
-        assert backward(D, True, 8193) == backward(D, False, 100) == {"persistent": False, "paired": False}
+        assert backward(D, True, 8193) == {"persistent": False, "paired": False, "tma_store": False}
+        assert backward(D, False, 100) == {"persistent": False, "paired": False, "tma_store": True}
 
 
 def test_hopper_forward_strides():

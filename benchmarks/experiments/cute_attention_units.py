@@ -31,6 +31,8 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     ...+s       (forward) the epilogue through shared memory and a TMA store (``tma_store``; two V
                 stages, or three (``+s+v3``) with one Q buffer: 224 KB at D = 128 either way)
     config      the configured variant (``config``)
+    ...+s, +S   (backward, ``BACKWARD``) dK and dV through shared memory and TMA stores (``tma_store``),
+                or (``+S``) from the registers (4-byte stores)
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -76,6 +78,9 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            "tile+p+s+v3": dict(paired=False, persistent=True, overlap=False, q_stages=1, v_stages=3, tma_store=True),
            "tile+s+v3": dict(paired=False, persistent=False, overlap=False, q_stages=1, v_stages=3, tma_store=True),
            "config": {}}
+# the backward's epilogue: dK and dV through shared memory and TMA stores, or directly from registers
+BACKWARD = {f"{name}+{tag}": {**VARIANTS[name], "tma_store": tag == "s"}
+            for name in ("tile", "paired+p", "tile+p") for tag in ("s", "S")}
 # the forward variants timed (``{}``: paired with the mask, tile without; ``--timed`` names others)
 FORWARD_TIMED = ["{}+p+o", "{}+p+o+v3"]
 # (B, H, Hkv, Tq, Tk, D, causal, layout)
@@ -142,13 +147,17 @@ def check(backward_too, only=None):
             same = torch.equal(out, base[0]) and torch.equal(lse, base[1])
             ok = err <= tol and lse_err < 1e-3 and same
             line = f"out {err:.1e} lse {lse_err:.1e} same {same}"
-            if backward_too and name in VARIANTS:
-                got = backward(q, k, v, base[0], dout, base[1], causal, scale, variant)
-                for g_name, g, r, b in zip(("dq", "dk", "dv"), got, grads, base_grads):
-                    err, tol = close(g, r, 4 * ATOL)
-                    same = torch.equal(g, b) if g_name != "dq" else close(g, b, ATOL)[0] <= ATOL
-                    ok = ok and err <= tol and same
-                    line += f" {g_name} {err:.1e} same {same}"
+            if backward_too and name in VARIANTS:  # and its two epilogues
+                backward_variants = {name: variant}
+                backward_variants.update({n: v for n, v in BACKWARD.items() if n.rsplit("+", 1)[0] == name})
+                for b_name, b_variant in backward_variants.items():
+                    got = backward(q, k, v, base[0], dout, base[1], causal, scale, b_variant)
+                    line += f" [{b_name}]" if b_name != name else ""
+                    for g_name, g, r, b in zip(("dq", "dk", "dv"), got, grads, base_grads):
+                        err, tol = close(g, r, 4 * ATOL)
+                        same = torch.equal(g, b) if g_name != "dq" else close(g, b, ATOL)[0] <= ATOL
+                        ok = ok and err <= tol and same
+                        line += f" {g_name} {err:.1e} same {same}"
             failures += not ok
             print(f"check {(B, H, Hkv, Tq, Tk, D, causal, layout)} {name:9s} {line} {'PASS' if ok else 'FAIL'}",
                   flush=True)
@@ -156,7 +165,7 @@ def check(backward_too, only=None):
 
 
 def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64),
-          timed=FORWARD_TIMED):
+          timed=None):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
@@ -171,8 +180,10 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                 q, k, v, dout = (heads(B, H, T, D, "bhtd") for _ in range(4))
                 scale = 1 / math.sqrt(D)
                 names = list(VARIANTS) if causal else ["tile", "tile+p"]
+                if backward_too and timed:  # named backward variants ({}: paired+p with the mask, tile without)
+                    names = [n.format("paired+p" if causal else "tile") for n in timed]
                 if not backward_too:  # the forward: the adopted variants with and without the overlap
-                    names = [n.format("paired" if causal else "tile") for n in timed]
+                    names = [n.format("paired" if causal else "tile") for n in timed or FORWARD_TIMED]
                 flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
                 if backward_too:
                     flops *= 2.5
@@ -180,9 +191,10 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                     o = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
                     out, lse = forward(q, k, v, causal, scale, {})
                     fns = {"sdpa": lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)}
-                    fns.update({n: (lambda n=n: backward(q, k, v, out, dout, lse, causal, scale, VARIANTS[n]))
+                    every = {**VARIANTS, **BACKWARD, "config": {}}
+                    fns.update({n: (lambda n=n: backward(q, k, v, out, dout, lse, causal, scale, every[n]))
                                 for n in names})
-                    config = bwd90.config(D, causal)
+                    config = bwd90.config(D, causal, T)
                 else:
                     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)}
                     every = {**VARIANTS, **OVERLAP}
@@ -248,8 +260,8 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
     parser.add_argument("--head-dims", default="128,64", help="head dims to time")
-    parser.add_argument("--timed", default=",".join(FORWARD_TIMED), help="forward variants to time ({}: paired "
-                        "with the mask, tile without)")
+    parser.add_argument("--timed", default="", help="variants to time ({}: the forward's paired, the backward's "
+                        "paired+p with the mask, tile without; default: FORWARD_TIMED, or the backward's work units)")
     args = parser.parse_args()
     if args.api:
         return api(args.out)
@@ -258,7 +270,7 @@ def main():
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)
     bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")], args.rounds,
-          [int(d) for d in args.head_dims.split(",")], args.timed.split(","))
+          [int(d) for d in args.head_dims.split(",")], list(filter(None, args.timed.split(","))))
 
 
 if __name__ == "__main__":

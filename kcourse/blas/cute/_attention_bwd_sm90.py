@@ -50,16 +50,21 @@ them as two 16-byte rows (89 -> 75 us at D = 128, B T = 16k, 16 heads on an H100
 plain float32 -> bfloat16 copy of as many elements; session 12's kernel stored the fragment's 4-byte
 pairs: benchmarks/experiments/cute_dq_postprocess.py).
 
+After a tile's last query tile each consumer warpgroup stores its 64 rows of dK and dV: from the
+registers (4 bytes a store), or (``tma_store``, ``config``) with stmatrix into shared memory (dV into a
+buffer of its own, dK into the warpgroup's own halves of the dS stages) and TMA stores of 64 x 64
+boxes, which run on while the next tile starts.
+
 Shared memory (D = 128, bfloat16): K, V 32 KiB each; Q, dO 2 stages x 16 KiB each; dS 2 stages x
-16 KiB; dQ buffers 32 KiB; lse, delta 1 KiB: 193 KiB. Q, dO and K are each read by two products
-with opposite majorness (Q is B of S^T = K Q^T, K-major, and B of dK = dS^T Q, MN-major): one
-128-byte-swizzled layout serves both, its D halves as the outer mode, so that its transpose is a
-canonical MN-major WGMMA layout too.
+16 KiB; dQ buffers 32 KiB; lse, delta 1 KiB: 193 KiB (225 with ``tma_store``'s dV buffer). Q, dO
+and K are each read by two products with opposite majorness (Q is B of S^T = K Q^T, K-major, and B of
+dK = dS^T Q, MN-major): one 128-byte-swizzled layout serves both, its D halves as the outer mode, so
+that its transpose is a canonical MN-major WGMMA layout too.
 
 What it takes: as ``_attention_fwd_sm90.supports`` (float16 / bfloat16, D in {64, 128}, scale > 0,
-sm_90a, strides TMA can describe), and dout the same. Compile key: (dtype, D, causal, paired) for the
-main kernel, (dtype, D) for the other two; sizes, strides, the scale (and the persistent grid's CTA
-count) are runtime arguments.
+sm_90a, strides TMA can describe), and dout the same. Compile key: (dtype, D, causal, paired,
+tma_store) for the main kernel, (dtype, D) for the other two; sizes, strides, the scale (and the
+persistent grid's CTA count) are runtime arguments.
 """
 
 # No ``from __future__ import annotations``: ``cute.struct`` needs the annotation objects (see
@@ -82,7 +87,8 @@ from cutlass.tensor_utils import LayoutEnum
 from .._layout import tma_strides
 from . import _compile
 from ._attention_fwd import head_tensor, mn_view, row_tensor
-from ._attention_fwd_sm90 import acc_as_operand_a, next_tile, thread_roles, wgmma
+from ._attention_fwd_sm90 import (acc_as_operand_a, bulk_store_tile, epilogue_mma, next_tile, stmatrix_copy,
+                                  stmatrix_store, thread_roles, wgmma)
 from ._attention_fwd_sm90 import supports as forward_supports
 from ._reduce import sm_count
 
@@ -110,9 +116,21 @@ def config(D: int, causal: bool, Tk: int) -> dict:
     0.66-0.99x in benchmarks/results/h100-2026-11-25-session11/units-bwd.json); the persistent grid over
     pairs against one CTA per tile with the mask (units-bwd.json): D = 128 0.98x at T = 1k, 1.02-1.04x at
     2k..8k, 0.99x at 16k; D = 64 1.03-1.04x at 1k..8k, 1.00x at 16k. Hence pairs on a persistent grid
-    with the mask up to 64 key tiles, single tiles otherwise."""
-    paired = causal and -(-Tk // _AttentionBwdSm90.tile_n) <= 64
-    return {"persistent": paired, "paired": paired}
+    with the mask up to 64 key tiles, single tiles otherwise.
+    ``tma_store``: dK and dV leave through shared memory (stmatrix) and TMA stores instead of 4-byte
+    stores from the registers; dK in the warpgroup's own halves of the dS buffers, dV in a buffer of
+    its own (32 KB more at D = 128: 225 KB). Measured on an H100 against the direct stores, same
+    process (benchmarks/results/h100-2026-11-25-session15/store-bwd.json), fraction of SDPA at
+    T = 1k / 2k / 4k / 8k / 16k: D = 128 causal 1.050 / 1.059 / 1.087 / 1.070 / 1.054 against 0.973 /
+    1.023 / 1.065 / 1.088 / 1.061, without the mask 1.020 / 1.032 / 1.053 / 1.050 / 1.066 against
+    0.979 / 1.015 / 1.066 / 1.088 / 1.096; D = 64 ahead at 1k only (1.130 / 1.031 against 1.118 /
+    1.014), 2-6% behind beyond. Short sequences gain (fewer query tiles per key tile: the stores are
+    a larger share); long ones lose 1-4% (not understood: the added barriers run once a tile). Hence
+    the TMA stores up to 32 key tiles with the mask and 16 without at D = 128, up to 8 at D = 64."""
+    n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
+    paired = causal and n_blocks <= 64
+    tma_store = n_blocks <= ((32 if causal else 16) if D == 128 else 8)
+    return {"persistent": paired, "paired": paired, "tma_store": tma_store}
 
 
 def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float, **variant) -> None:
@@ -135,7 +153,7 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     dq_accum = torch.empty(B * H * m_tiles * TILE_M * D, dtype=torch.float32, device=q.device)
     _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), pointer(dout, 16), pointer(lse, 4),
                     pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, *tma_strides(dout), dev)
-    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal, c["paired"]),
+    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal, c["paired"], c["tma_store"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
                     pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *tma_strides(dout),
@@ -327,12 +345,14 @@ class _AttentionBwdSm90:
     stages = 2  # Q and dO rings, dS buffers
     producer_warp, dq_warp = 8, 9  # warps 0 and 1 of warpgroup 2
     producer_regs, consumer_regs = 24, 240
-    # named barriers (0 is __syncthreads): both consumers' dS are in smem; dQ buffer w full / empty
-    bar_ds, bar_dq_full, bar_dq_empty = 2, 3, 5
+    # named barriers (0 is __syncthreads): both consumers' dS are in smem; dQ buffer w full / empty;
+    # consumer warpgroup w's threads (``tma_store``)
+    bar_ds, bar_dq_full, bar_dq_empty, bar_epilogue = 2, 3, 5, 7
 
-    def __init__(self, dtype: torch.dtype, D: int, causal: bool, paired: bool):
+    def __init__(self, dtype: torch.dtype, D: int, causal: bool, paired: bool, tma_store: bool = False):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.paired = D, causal, paired
+        self.tma_store = tma_store  # dK and dV through shared memory and TMA stores
         self.per_unit = 2 if paired else 1  # key tiles per work unit
         self.threads = (self.consumer_wgs + 1) * self.threads_per_wg
 
@@ -377,6 +397,22 @@ class _AttentionBwdSm90:
         tma_do, tma_mdO = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(q_smem, (None, None, 0)), (bM, D))
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(kv_smem, (None, None, 0)), (bN, D))
         tma_v, tma_mV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(kv_smem, (None, None, 0)), (bN, D))
+        # the epilogue's stores (``tma_store``): a warpgroup's 64 key rows of dV and dK, each (64, D) in
+        # 64 x 64 boxes of 8 KB (128-byte swizzle), dV in a buffer of its own, dK in the warpgroup's own
+        # halves of the two dS stages (dS^T rows are keys: warpgroup w writes bytes [8 KB w, 8 KB w + 8 KB)
+        # of each 16 KB stage), so box j of dK is stage j's half; rows past Tk are clipped by the engine
+        box = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, 64), 1)  # ((8, 8), 64, 1), swizzled
+        dv_smem = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, D), self.consumer_wgs)  # (64, D, 2)
+        stage = cute.cosize(cute.slice_(ds_smem, (None, None, 0)).outer)  # elements of a dS stage
+        dk_view = cute.make_composed_layout(box.inner, 0, cute.make_layout(
+            ((8, 8), (64, D // 64), self.consumer_wgs), stride=((64, 512), (1, stage), stage // 2)))  # (64, D, 2)
+        tma_dk = tma_mdK = tma_dv = tma_mdV = mma_o = None
+        if cutlass.const_expr(self.tma_store):
+            store = cpasync.CopyBulkTensorTileS2GOp()
+            tma_dk, tma_mdK = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(box, (None, None, 0)), (64, 64))
+            tma_dv, tma_mdV = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(box, (None, None, 0)), (64, 64))
+            mma_o = epilogue_mma(self.dtype, D)  # a warpgroup's dK, dV accumulator layout
+        dv_elems = cute.cosize(dv_smem) if self.tma_store else 8
 
         @cute.struct
         class SharedStorage:
@@ -391,11 +427,12 @@ class _AttentionBwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(kv_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(ds_smem)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, bM * D], 128]
+            sdV: cute.struct.Align[cute.struct.MemRange[self.dtype, dv_elems], 1024]  # (tma_store)
 
         self.shared_storage = SharedStorage
         self.kernel(tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, mLSE2, mDelta, mAcc,
-                    mdK, mdV, mma_sdp, mma_dkv, mma_dq, q_smem, kv_smem, ds_smem, H // Hkv, Tq,
-                    scale_log2, scale).launch(
+                    mdK, mdV, mma_sdp, mma_dkv, mma_dq, q_smem, kv_smem, ds_smem, tma_dk, tma_mdK, tma_dv, tma_mdV,
+                    mma_o, dv_smem, dk_view, H // Hkv, Tq, scale_log2, scale).launch(
             grid=[ctas, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -437,9 +474,11 @@ class _AttentionBwdSm90:
                mLSE2: cute.Tensor, mDelta: cute.Tensor, mAcc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
                q_smem: cute.ComposedLayout, kv_smem: cute.ComposedLayout, ds_smem: cute.ComposedLayout,
+               tma_dk, mdK_tma, tma_dv, mdV_tma, mma_o, dv_smem: cute.ComposedLayout, dk_view: cute.ComposedLayout,
                group: Int32, Tq: Int32, scale_log2: Float32, scale: Float32):
         # mQ, mdO (Tq, D, H, B) and mK, mV (Tk, D, Hkv, B): TMA coordinate tensors; mdK, mdV (Tk, D, Hkv,
-        # B) the outputs; mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor
+        # B) the outputs; mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor; ``tma_store``'s atoms
+        # and coordinate tensors of dK and dV (else None)
         D, bM, bN = self.D, self.tile_m, self.tile_n
         tidx, warp_idx, wg_idx, bx, ctas = thread_roles(self.threads_per_wg)
         Tk, Hkv, B = mK.shape[0], mK.shape[2], mK.shape[3]
@@ -463,6 +502,11 @@ class _AttentionBwdSm90:
         sLSE = storage.sLSE.get_tensor(cute.make_layout((bM, self.stages)))
         sDelta = storage.sDelta.get_tensor(cute.make_layout((bM, self.stages)))
         sdQ = storage.sdQ.get_tensor(cute.make_layout((bM * D // 2, 2)))  # a flat buffer per warpgroup
+        store = None
+        if cutlass.const_expr(self.tma_store):
+            sdV_out = storage.sdV.get_tensor(dv_smem.outer, swizzle=dv_smem.inner)  # (64, D, warpgroup)
+            sdK_out = storage.sdS.get_tensor(dk_view.outer, swizzle=dk_view.inner)  # (64, D, warpgroup) in dS
+            store = (tma_dk, mdK_tma, sdK_out, tma_dv, mdV_tma, sdV_out, mma_o)
 
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_wgs * 4)  # one arrive a warp
@@ -513,8 +557,8 @@ class _AttentionBwdSm90:
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mma_sdp, mma_dkv, mma_dq, sQ, sQt, sdO, sdOt, sK, sKt, sV, sdS, sdSt, sLSE, sDelta, sdQ,
-                         kv_pipe, q_pipe, do_pipe, mdK, mdV, tidx, wg_idx, first_tile, ctas, tiles, n_blocks, group,
-                         Tq, scale_log2, scale)
+                         kv_pipe, q_pipe, do_pipe, mdK, mdV, store, tidx, wg_idx, first_tile, ctas, tiles, n_blocks,
+                         group, Tq, scale_log2, scale)
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mLSE2, mDelta, sQ, sdO, sK, sV, sLSE,
@@ -564,11 +608,12 @@ class _AttentionBwdSm90:
     def consume(self, mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, sQ: cute.Tensor,
                 sQt: cute.Tensor, sdO: cute.Tensor, sdOt: cute.Tensor, sK: cute.Tensor, sKt: cute.Tensor,
                 sV: cute.Tensor, sdS: cute.Tensor, sdSt: cute.Tensor, sLSE: cute.Tensor, sDelta: cute.Tensor,
-                sdQ: cute.Tensor, kv_pipe, q_pipe, do_pipe, mdK: cute.Tensor, mdV: cute.Tensor, tidx: Int32,
-                wg_idx: Int32, first_tile: Int32, ctas: Int32, tiles: Int32, n_blocks: Int32, group: Int32,
-                Tq: Int32, scale_log2: Float32, scale: Float32):
+                sdQ: cute.Tensor, kv_pipe, q_pipe, do_pipe, mdK: cute.Tensor, mdV: cute.Tensor, store: tuple,
+                tidx: Int32, wg_idx: Int32, first_tile: Int32, ctas: Int32, tiles: Int32, n_blocks: Int32,
+                group: Int32, Tq: Int32, scale_log2: Float32, scale: Float32):
         """A consumer warpgroup, per work tile: keys [64 w, 64 w + 64) of the tile, their dK and dV,
-        its half of each dQ."""
+        its half of each dQ. ``store``: (tma_dk, mdK_tma, sdK_out, tma_dv, mdV_tma, sdV_out, mma_o) of
+        ``tma_store``."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
         wg_sdp = mma_sdp.get_slice(wg_idx * self.threads_per_wg)
         wg_dkv = mma_dkv.get_slice(wg_idx * self.threads_per_wg)
@@ -591,6 +636,13 @@ class _AttentionBwdSm90:
         cS = mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bN, bM))))  # (key, query) in the tile
         thr_dkv = mma_dkv.get_slice(tidx)
         cD = mn_view(thr_dkv.partition_C(cute.make_identity_tensor((bN, D))))  # (key, d) in the tile
+        out = None  # (tma_store) this warpgroup's dK and dV boxes and stmatrix copies
+        if cutlass.const_expr(self.tma_store):
+            tma_dk, mdK_tma, sdK_out, tma_dv, mdV_tma, sdV_out, mma_o = store
+            sdK_w, sdV_w = sdK_out[None, None, wg_idx], sdV_out[None, None, wg_idx]  # (64, D)
+            lane = tidx % self.threads_per_wg
+            out = ((tma_dk, mdK_tma, sdK_w, stmatrix_copy(self.dtype, mma_o, sdK_w, lane)),
+                   (tma_dv, mdV_tma, sdV_w, stmatrix_copy(self.dtype, mma_o, sdV_w, lane)))
 
         kv_read, q_read, do_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         tile = first_tile
@@ -600,19 +652,21 @@ class _AttentionBwdSm90:
                 first, count = self.q_range(n_block, Tq)
                 kv_read, q_read, do_read = self.consume_tile(
                     mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ, tdQrdS,
-                    tdQrK, tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe,
-                    do_pipe, kv_read, q_read, do_read, mdK, mdV, tidx, wg_idx, n_block, hk, b, first, count,
-                    count * group, scale_log2, scale)
+                    tdQrK, tsdS, acc_dv, acc_dk, cS, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe, do_pipe,
+                    kv_read, q_read, do_read, tidx, wg_idx, n_block, first, count, count * group, scale_log2)
+                self.epilogue(acc_dk, acc_dv, out, cD, thr_dkv, mdK, mdV, tidx, wg_idx, n_block, hk, b, scale)
             tile = next_tile(tile, ctas, self.paired)
+        if cutlass.const_expr(self.tma_store):
+            if tidx % self.threads_per_wg == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last stores have read smem: the CTA may end
 
     @cute.jit
     def consume_tile(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrP, tdVrdO, tdKrdS, tdKrQ,
-                     tdQrdS, tdQrK, tsdS, acc_dv, acc_dk, cS, cD, thr_dkv, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe,
-                     q_pipe, do_pipe, kv_read, q_read, do_read, mdK: cute.Tensor, mdV: cute.Tensor, tidx: Int32,
-                     wg_idx: Int32, n_block: Int32, hk: Int32, b: Int32, first: Int32, count: Int32,
-                     steps: Int32, scale_log2: Float32, scale: Float32):
-        """One work tile. Returns the advanced pipeline states (assigned in the caller's loop, so that
-        the DSL carries them from one tile to the next)."""
+                     tdQrdS, tdQrK, tsdS, acc_dv, acc_dk, cS, wg_sdp, wg_dq, sLSE, sDelta, sdQ, kv_pipe, q_pipe,
+                     do_pipe, kv_read, q_read, do_read, tidx: Int32, wg_idx: Int32, n_block: Int32, first: Int32,
+                     count: Int32, steps: Int32, scale_log2: Float32):
+        """One work tile's products: dK / c and dV in acc_dk, acc_dv. Returns the advanced pipeline
+        states (assigned in the caller's loop, so that the DSL carries them from one tile to the next)."""
         D, bM, bN = self.D, self.tile_m, self.tile_n
         pair = self.consumer_wgs * self.threads_per_wg
         rows, cols = cute.size(cS, mode=[0]), cute.size(cS, mode=[1])
@@ -654,6 +708,11 @@ class _AttentionBwdSm90:
                     dP[r, c] = S[r, c] * (dP[r, c] - delta)
             rdS = cute.make_rmem_tensor_like(acc_dp, self.dtype)
             rdS.store(acc_dp.load().to(self.dtype))
+            if cutlass.const_expr(self.tma_store):
+                if step == 0:  # the last tile's dK stores have read this warpgroup's halves of dS
+                    if tidx % self.threads_per_wg == 0:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier(barrier_id=self.bar_epilogue + wg_idx, number_of_threads=self.threads_per_wg)
             cute.autovec_copy(rdS, tsdS[None, None, None, stage])
             tdKrdS.store(acc_as_operand_a(rdS).load())
             # --- dV += P^T dO; then, with both warpgroups' dS in smem, dQ = dS K and dK += dS^T Q
@@ -678,15 +737,43 @@ class _AttentionBwdSm90:
         kv_pipe.consumer_release(kv_read)  # every product of the tile is done: K and V may be replaced
         kv_read.advance()
 
-        # --- dK = c dS^T Q summed, dV: rounded and stored from registers, key rows past Tk skipped
-        Tk = mdK.shape[0]
-        acc_dk.store(acc_dk.load() * scale)
-        for acc, mOut in ((acc_dv, mdV), (acc_dk, mdK)):
-            rOut = cute.make_rmem_tensor_like(acc, self.dtype)
-            rOut.store(acc.load().to(self.dtype))
-            rows_out = mn_view(rOut)
-            gOut = mn_view(thr_dkv.partition_C(cute.local_tile(mOut[None, None, hk, b], (bN, D), (n_block, 0))))
-            for r in cutlass.range_constexpr(cute.size(rows_out, mode=[0])):
-                if key0 + cD[r, 0][0] < Tk:
-                    cute.autovec_copy(rows_out[r, None], gOut[r, None])
         return kv_read, q_read, do_read
+
+    @cute.jit
+    def epilogue(self, acc_dk: cute.Tensor, acc_dv: cute.Tensor, out, cD: cute.Tensor, thr_dkv, mdK: cute.Tensor,
+                 mdV: cute.Tensor, tidx: Int32, wg_idx: Int32, n_block: Int32, hk: Int32, b: Int32, scale: Float32):
+        """dK = c dS^T Q summed, and dV, rounded to the dtype: this warpgroup's 64 key rows. Stored from
+        the registers (4 bytes a store, rows past Tk skipped), or (``tma_store``, ``out``) through shared
+        memory: dV into its buffer, dK into this warpgroup's halves of the dS stages, once the other
+        warpgroup's last dQ = dS K has read them, then one thread's TMA stores, which run on while the
+        next tile starts (its first dS write waits until they have read shared memory)."""
+        D, bN = self.D, self.tile_n
+        acc_dk.store(acc_dk.load() * scale)
+        if cutlass.const_expr(self.tma_store):
+            leader = tidx % self.threads_per_wg == 0
+            if leader:  # (a tile without query tiles wrote no dS: its predecessor's stores may still read)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # both warpgroups' products are done (each waited for its own): dS is free
+            cute.arch.barrier(barrier_id=self.bar_ds, number_of_threads=self.consumer_wgs * self.threads_per_wg)
+            for acc, (_, _, _, copy) in ((acc_dk, out[0]), (acc_dv, out[1])):
+                rOut = cute.make_rmem_tensor_like(acc, self.dtype)
+                rOut.store(acc.load().to(self.dtype))
+                stmatrix_store(copy, rOut)
+            cute.arch.fence_proxy("async.shared", space="cta")  # the writes, visible to the copy engine
+            cute.arch.barrier(barrier_id=self.bar_epilogue + wg_idx, number_of_threads=self.threads_per_wg)
+            if leader:
+                for tma, mOut, sOut, _ in out:
+                    for j in cutlass.range_constexpr(D // 64):
+                        bulk_store_tile(tma, sOut[None, (None, j)], cute.local_tile(
+                            mOut[None, None, hk, b], (64, 64), (n_block * 2 + wg_idx, j)))
+                cute.arch.cp_async_bulk_commit_group()
+        else:
+            Tk = mdK.shape[0]
+            for acc, mOut in ((acc_dv, mdV), (acc_dk, mdK)):
+                rOut = cute.make_rmem_tensor_like(acc, self.dtype)
+                rOut.store(acc.load().to(self.dtype))
+                rows_out = mn_view(rOut)
+                gOut = mn_view(thr_dkv.partition_C(cute.local_tile(mOut[None, None, hk, b], (bN, D), (n_block, 0))))
+                for r in cutlass.range_constexpr(cute.size(rows_out, mode=[0])):
+                    if n_block * bN + cD[r, 0][0] < Tk:
+                        cute.autovec_copy(rows_out[r, None], gOut[r, None])

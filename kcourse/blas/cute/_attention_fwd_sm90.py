@@ -195,6 +195,41 @@ def thread_roles(threads_per_wg: int):
     return tidx, warp_idx, wg_idx, bx, grid
 
 
+def epilogue_mma(dtype, D: int) -> cute.TiledMma:
+    """One warpgroup's 64 x D WGMMA tile (A from registers): the accumulator layout a TMA-store
+    epilogue's stmatrix copy reads (the forward's P V, the backward's dK and dV)."""
+    major = cute.nvgpu.OperandMajorMode
+    return sm90_utils.make_trivial_tiled_mma(dtype, dtype, major.K, major.MN, Float32, (1, 1, 1), tiler_mn=(64, D),
+                                             a_source=warpgroup.OperandSource.RMEM)
+
+
+def stmatrix_copy(dtype, mma_o: cute.TiledMma, sX: cute.Tensor, tidx: Int32) -> SimpleNamespace:
+    """The stmatrix copy (four 8 x 8 blocks a warp) of a warpgroup's 64 x D accumulator tile, laid out
+    as ``mma_o``'s (``epilogue_mma``) and rounded to ``dtype``, into sX (64, D) of shared memory;
+    tidx: the thread's index in its warpgroup. ``dst``: where this thread's values go; ``src``: a
+    register tile in the copy's shape (``stmatrix_store`` fills it)."""
+    atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(False, 4), dtype)
+    r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, mma_o))
+    thr = r2s.get_slice(tidx)
+    return SimpleNamespace(r2s=r2s, dst=thr.partition_D(sX),
+                           src=cute.make_rmem_tensor(cute.shape(thr.partition_S(sX)), dtype))
+
+
+@cute.jit
+def stmatrix_store(copy: SimpleNamespace, rX: cute.Tensor):
+    """rX (the accumulator tile in ``dtype``, mma_o's layout) -> shared memory through ``copy``."""
+    copy.src.store(copy.r2s.retile(rX).load().reshape(copy.src.shape))  # the same registers in the copy's shape
+    cute.copy(copy.r2s, copy.src, copy.dst)
+
+
+@cute.jit
+def bulk_store_tile(tma: cute.CopyAtom, sX: cute.Tensor, gX: cute.Tensor):
+    """One thread's TMA store of the box sX (smem) to gX (its TMA coordinate tile); rows and columns
+    past the tensor's end are clipped by the copy engine. Commit and wait with the bulk-group calls."""
+    s, g = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
+    cute.copy(tma, s, g)
+
+
 @cute.jit
 def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
           zero_init: cutlass.Constexpr):
@@ -302,9 +337,7 @@ class _AttentionFwdSm90:
         if cutlass.const_expr(self.tma_store):
             tma_o, tma_mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                         cute.slice_(o_smem, (None, None, 0)), (64, D))
-            mma_o = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major.K, major.MN, Float32,
-                                                      (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
-            # mma_o: one warpgroup's share of the P V product, whose accumulator layout stmatrix copies
+            mma_o = epilogue_mma(self.dtype, D)  # one warpgroup's share of P V, whose accumulator stmatrix copies
         o_elems = cute.cosize(o_smem) if self.tma_store else 8
 
         @cute.struct
@@ -486,14 +519,8 @@ class _AttentionFwdSm90:
         """``tma_store``: the stmatrix copy of a warpgroup's out rows (its P V accumulator layout, rounded
         to the dtype) into its smem buffer, and what the TMA store reads, in ``r``."""
         r.tma_o, r.mO_tma, mma_o, sO = store
-        atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(False, 4), self.dtype)  # four 8 x 8 blocks a warp
-        r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, mma_o))
         r.sO = sO[None, None, wg_idx]  # (64, D)
-        r.r2s = r2s
-        thr = r2s.get_slice(tidx % self.threads_per_wg)
-        r.tRS_sO = thr.partition_D(r.sO)  # (CPY, CPY_M, CPY_N): where stmatrix puts this thread's values
-        r.tRS_rO = r2s.retile(r.rO)  # r.rO in the copy's value order (same count, another shape)
-        r.rO_copy = cute.make_rmem_tensor(cute.shape(thr.partition_S(r.sO)), self.dtype)  # in the copy's shape
+        r.o_copy = stmatrix_copy(self.dtype, mma_o, r.sO, tidx % self.threads_per_wg)
 
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
@@ -727,13 +754,10 @@ class _AttentionFwdSm90:
         if leader:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=barrier, number_of_threads=self.threads_per_wg)
-        r.rO_copy.store(r.tRS_rO.load().reshape(r.rO_copy.shape))  # the same registers in the copy's shape
-        cute.copy(r.r2s, r.rO_copy, r.tRS_sO)
+        stmatrix_store(r.o_copy, r.rO)
         cute.arch.fence_proxy("async.shared", space="cta")  # the writes, visible to the copy engine
         cute.arch.barrier(barrier_id=barrier, number_of_threads=self.threads_per_wg)
         if leader:
-            gO = cute.local_tile(r.mO_tma[None, None, h, b], (64, self.D), (row0 // 64 + wg_idx, 0))
-            sO_box, gO_box = cpasync.tma_partition(r.tma_o, 0, cute.make_layout(1), cute.group_modes(r.sO, 0, 2),
-                                                   cute.group_modes(gO, 0, 2))
-            cute.copy(r.tma_o, sO_box, gO_box)
+            bulk_store_tile(r.tma_o, r.sO, cute.local_tile(r.mO_tma[None, None, h, b], (64, self.D),
+                                                           (row0 // 64 + wg_idx, 0)))
             cute.arch.cp_async_bulk_commit_group()
