@@ -112,6 +112,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from . import _compile
 
@@ -335,9 +336,9 @@ class _GemmSm90:
         mOut = cute.make_tensor(pOut, cute.make_layout((m, n, batch), stride=o_stride))  # (M, N, L)
         mC = cute.make_tensor(pC, cute.make_layout((m, n, batch), stride=(c_sm, c_sn, c_sl)))  # (M, N, L)
 
-        a_layout = utils.LayoutEnum.from_tensor(mA)  # ROW_MAJOR = k-contiguous A
-        b_layout = utils.LayoutEnum.from_tensor(mB)  # ROW_MAJOR = k-contiguous B
-        out_layout = utils.LayoutEnum.from_tensor(mOut)  # ROW_MAJOR = n-contiguous out
+        a_layout = LayoutEnum.from_tensor(mA)  # ROW_MAJOR = k-contiguous A
+        b_layout = LayoutEnum.from_tensor(mB)  # ROW_MAJOR = k-contiguous B
+        out_layout = LayoutEnum.from_tensor(mOut)  # ROW_MAJOR = n-contiguous out
         self.out_layout = out_layout
 
         # --- the MMA: 2 warpgroups stacked along M, each a 64 x tile_n WGMMA atom, f32 accumulators
