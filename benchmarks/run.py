@@ -30,7 +30,10 @@ Method
   are timed as users call them, so the time includes allocating the output, which after the first
   call is a lookup in PyTorch's caching allocator (no cudaMalloc). swap is timed in place
   (``swap_``). ``--device cpu`` uses a ``time.perf_counter`` median instead (a smoke test of this
-  script, not a benchmark).
+  script, not a benchmark). ``--rounds R``: after the first round (the check and one timing per
+  point), each point's call is timed R - 1 more times, interleaved with its reference's, and the
+  fastest median is kept for each (the GPU's clocks drift: SDPA's own time moved up to 9% between two
+  runs of one process on an H100, so a fraction of 1.00 is decided only this way).
 * Forward and backward (transformer primitives): timed as in training. The differentiable inputs
   require grad, so a forward call records the graph and saves what its backward needs. The
   backward is ``torch.autograd.grad(out, inputs, grad_out, retain_graph=True)`` on a graph built
@@ -500,9 +503,10 @@ def autotuners(op: str) -> dict:
             if isinstance(value, Autotuner)}
 
 
-def measure(case: Case, label: str, call: Callable, direction: str, timer, ceiling: float) -> dict:
+def measure(case: Case, label: str, call: Callable, direction: str, timer, ceiling: float,
+            timed: list | None = None) -> dict:
     """Check once, then time, one point: ``call(inputs)`` (a backend or torch's reference) in one
-    direction; never raises."""
+    direction; never raises. A point that ran is appended to ``timed`` with the call its timer took."""
     p = new_point(case, label, direction)
     try:
         want = case.op.expect(case.inputs) if case.op.expect else case.want[direction]
@@ -520,6 +524,8 @@ def measure(case: Case, label: str, call: Callable, direction: str, timer, ceili
         p["checked"], p["check_error"] = check(case, direction, got, want)
         del want, got
         rates(p, case, timer(fn), ceiling)
+        if timed is not None:
+            timed.append((p, fn))
     except NotImplementedError as e:
         p.update(status="not implemented", error=str(e))
     except Exception as e:  # noqa: BLE001 - record every failure and keep going
@@ -628,12 +634,12 @@ def run_sweep(args, backends: list[str], timer, copy_gbs: float) -> list[dict]:
         t_op = time.perf_counter()
         for n in sizes:
             case = Case(OPS[name], dtype, n, n in targets, args.device)
-            points += run_size(case, backends, timer, copy_gbs)
+            points += run_size(case, backends, timer, copy_gbs, args.rounds)
         print(f"--- {name} {str(dtype).removeprefix('torch.')}: {time.perf_counter() - t_op:.1f} s", flush=True)
     return points
 
 
-def run_size(case: Case, backends: list[str], timer, copy_gbs: float) -> list[dict]:
+def run_size(case: Case, backends: list[str], timer, copy_gbs: float, rounds: int = 1) -> list[dict]:
     """One (op, dtype, size): make the inputs once, then per direction torch's reference (when the
     op has one) and every backend."""
     try:
@@ -644,35 +650,53 @@ def run_size(case: Case, backends: list[str], timer, copy_gbs: float) -> list[di
         return [dict(new_point(case, b, d), status="error", error=why) for d in case.op.directions for b in backends]
     points = []
     for direction in case.op.directions:
-        points += run_direction(case, direction, backends, timer, copy_gbs)
+        points += run_direction(case, direction, backends, timer, copy_gbs, rounds)
     case.inputs, case.want, case.grad_out = (), {}, None
     free(case.device)
     return points
 
 
-def run_direction(case: Case, direction: str, backends: list[str], timer, copy_gbs: float) -> list[dict]:
-    op, points = case.op, []
-    ceiling, eager_ms = copy_gbs, None
+def run_direction(case: Case, direction: str, backends: list[str], timer, copy_gbs: float,
+                  rounds: int = 1) -> list[dict]:
+    """torch's reference (when the op has one) and every backend at one (op, dtype, size, direction).
+    ``rounds`` > 1: every call that ran is timed again, rounds - 1 more times, interleaved (reference,
+    backends, reference, ...), and each point keeps its fastest median; a drift of the GPU's clocks
+    while one point is measured then moves the reference and the backends alike."""
+    op, points, timed, ref = case.op, [], [], None
     if op.reference:
-        ref = as_reference(measure(case, op.reference_name, op.reference, direction, timer, 0.0 if op.flops
-                                   else copy_gbs), op)
-        report(ref)
+        ref = measure(case, op.reference_name, op.reference, direction, timer, 0.0, timed)
         points.append(ref)
-        if op.eager:
-            eager_ms = ref["ms"]
-        else:
-            ceiling = ref["tflops"] or 0.0
+    skipped = set()
     for backend in backends:
         why = python_skip(op, case.n, case.device) if backend == "python" else None
         if why:
-            p = dict(new_point(case, backend, direction), status="skipped", error=why)
+            points.append(dict(new_point(case, backend, direction), status="skipped", error=why))
+            skipped.add(len(points) - 1)
         else:
-            p = measure(case, backend, lambda t: op.run(t, backend), direction, timer, ceiling)
+            points.append(measure(case, backend, lambda t: op.run(t, backend), direction, timer, 0.0, timed))
+    best = {id(p): p["ms"] for p, _ in timed}
+    for _ in range(rounds - 1):
+        for p, fn in timed:
+            best[id(p)] = min(best[id(p)], timer(fn))
+    ceiling, eager_ms = copy_gbs, None
+    if ref is not None:
+        if ref["status"] == "ok":
+            rates(ref, case, best[id(ref)], 0.0 if op.flops else copy_gbs)
+        as_reference(ref, op)
+        if op.eager:
+            eager_ms = ref.get("ms")
+        else:
+            ceiling = ref.get("tflops") or 0.0
+    for i, p in enumerate(points):
+        if p is ref:
+            report(p)
+            continue
+        if id(p) in best:
+            rates(p, case, best[id(p)], ceiling)
         if op.eager:
             compare_with_eager(p, eager_ms)
-        if not why:
+        if i not in skipped:
             report(p)
-        points.append(p)
     return points
 
 
@@ -739,7 +763,7 @@ def metadata(args, backends: list[str], timer_text: str) -> dict:
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
         cuda=torch.version.cuda, git_commit=git("rev-parse", "--short", "HEAD"),
         git_dirty=bool(git("status", "--porcelain", "--", "kcourse")),
-        quick=args.quick, backends=backends,
+        quick=args.quick, backends=backends, rounds=args.rounds,
         unavailable={n: str(i) for n, i in info.items() if not i.available},
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         sdpa_enabled={k: getattr(torch.backends.cuda, f"{k}_sdp_enabled")()
@@ -759,7 +783,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="only the target points (and one small size per BLAS op)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: tiny sizes and a perf_counter timer, a smoke test of this script")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each point this many times, interleaved with its reference; keep the fastest")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     args.ops = [o for o in args.ops.split(",") if o]
     unknown = set(args.ops) - set(OPS)
     if unknown:
