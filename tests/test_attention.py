@@ -357,7 +357,7 @@ HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 7
 @pytest.mark.parametrize("case", HOPPER_UNITS, ids=str)
 def test_cute_hopper_work_units(case):
     """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
-    persistent grid, the forward's overlap of tiles with one or two Q buffers, two or three V stages, the
+    persistent grid, the forward's walk of a host-made table, overlap of tiles with one or two Q buffers, two or three V stages, the
     epilogues' direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
     whichever CTA runs it; dq's float32 sums come in a varying order), and the configured one matches the
     reference."""
@@ -383,12 +383,16 @@ def test_cute_hopper_work_units(case):
         bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, *grads, causal, scale, **variant)
         return grads
 
-    one = dict(persistent=False, paired=False)
+    one = dict(persistent=False, paired=False, scheduled=False)
     out, lse = forward(**one, overlap=False, q_stages=1, tma_store=False)
-    overlapped = dict(persistent=True, paired=causal, overlap=True)
+    overlapped = dict(persistent=True, paired=causal, scheduled=False, overlap=True)
     direct = [dict(**overlapped, q_stages=1)] + [dict(**overlapped, q_stages=2, v_stages=v) for v in (2, 3)]
     # the epilogue through smem and a TMA store: with two V stages beside the overlap, three without
     stored = [dict(**one, overlap=False, q_stages=1, v_stages=3), dict(**overlapped, q_stages=2, v_stages=2)]
+    # single tiles in the order of a host-made table (``schedule``), with and without the overlap
+    scheduled = dict(persistent=True, paired=False, scheduled=True)
+    direct.append(dict(**scheduled, overlap=False, q_stages=1))
+    stored.append(dict(**scheduled, overlap=True, q_stages=2, v_stages=2))
     for variant in ({}, *(dict(**v, tma_store=False) for v in direct), *(dict(**v, tma_store=True) for v in stored)):
         got = forward(**variant)
         assert torch.equal(got[0], out) and torch.equal(got[1], lse), variant
@@ -400,3 +404,35 @@ def test_cute_hopper_work_units(case):
         assert_close(got[0], dq, k=GRAD_K)
     expected = forward_backward(kcourse_attention("python", causal=causal), q, k, v, dout)
     assert_matches((out, [dq, dk, dv]), expected)
+
+
+@pytest.mark.gpu
+def test_cute_hopper_scheduled_forward_under_capture():
+    """A scheduled forward (``_attention_fwd_sm90.schedule``) captured in a CUDA graph before its table
+    exists (the copy of a table to the device cannot be captured) walks pairs instead: the replay gives
+    the eager result bit for bit, and no table was made during the capture."""
+    require_backend("cute")
+    from kcourse.blas.cute import _attention_fwd_sm90 as fwd90, _compile
+
+    if _compile.target() != "sm_90a":
+        pytest.skip("the Hopper kernels run on sm_90a")
+    B, H, T, D = 3, 16, 1000, 128
+    q, k, v = qkv(B, H, H, T, T, D, torch.bfloat16, "contiguous")
+    variant = dict(persistent=True, overlap=True, q_stages=2, tma_store=True)  # (the config at these sizes)
+
+    def forward(out, lse, **extra):
+        fwd90.attention_fwd_sm90(q, k, v, out, lse, True, D ** -0.5, **variant, **extra)
+
+    out, lse = torch.empty_like(q), torch.empty(B, H, T, device=q.device)
+    forward(out, lse, paired=False, scheduled=True)  # compiles the scheduled kernel, makes its table
+    expected = out.clone(), lse.clone()
+    forward(out, lse, paired=True, scheduled=False)  # compiles the pairs' kernel outside the capture
+    fwd90._schedules.clear()
+    out.zero_(), lse.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(out, lse, paired=False, scheduled=True)
+    assert not fwd90._schedules
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])

@@ -89,7 +89,8 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
         fwd = _attention_fwd_sm90.config(D, causal, shape[3])
-        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages", "tma_store")
+        variant = ("persistent", "paired", "pingpong", "overlap", "q_stages", "k_stages", "v_stages", "tma_store",
+                   "scheduled")
         assert seen[0][1] == (dtype, D, causal, 128, *(fwd[k] for k in variant))
         bwd = _attention_bwd_sm90.config(D, causal, shape[4])
         main = (dtype, D, causal, bwd["paired"], bwd["tma_store"])
@@ -157,9 +158,71 @@ def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, o
     out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
     with _compile.compiling_only():
         _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
-                                               paired=paired, pingpong=pingpong, overlap=overlap,
+                                               paired=paired, scheduled=False, pingpong=pingpong, overlap=overlap,
                                                q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages,
                                                tma_store=tma_store)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("overlap, tma_store", [(False, False), (True, True)])
+def test_hopper_forward_scheduled_variants_compile(causal, overlap, tma_store):
+    """The walk of a host-made table (``scheduled``) builds, and is refused with pairs."""
+    q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 300)
+    with _compile.compiling_only():
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=True, paired=False,
+                                               scheduled=True, overlap=overlap, q_stages=2 if overlap else 1,
+                                               tma_store=tma_store)
+        with pytest.raises(ValueError, match="scheduled walk is of single tiles on a persistent grid"):
+            _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, paired=True, scheduled=True)
+
+
+def tile_costs(m_tiles, heads, Tk, causal):
+    """What ``schedule`` weighs: each tile's key tiles (top-left causal mask) plus ``TILE_COST``."""
+    blocks = [-(-(min((m_tiles - t % m_tiles) * 128, Tk)) // 128) if causal else -(-Tk // 128)
+              for t in range(m_tiles * heads)]
+    return [b + _attention_fwd_sm90.TILE_COST for b in blocks]
+
+
+@pytest.mark.parametrize("m_tiles, heads, Tk, causal, grid",
+                         [(8, 256, 1024, True, 132), (16, 128, 2048, True, 132), (64, 32, 8192, True, 132),
+                          (7, 37, 880, True, 132), (9, 5, 1100, True, 23), (3, 2, 300, True, 132),
+                          (5, 50, 333, True, 100), (9, 300, 1100, True, 132), (8, 256, 1024, False, 132),
+                          (1, 1, 10, True, 1)])
+def test_forward_schedule(m_tiles, heads, Tk, causal, grid):
+    """Every tile exactly once; no CTA with more work than in the pairs' round-robin walk, which it
+    keeps for all but the last two rounds; the busiest CTA within 4% of the mean (or one tile); at the
+    runner's causal shapes (1024 pairs on 132 SMs: 7.76
+    rounds of equal pairs) within 1% of a perfect balance, where the pairs are 3% off."""
+    walks = _attention_fwd_sm90.schedule(m_tiles, heads, Tk, causal, grid)
+    assert len(walks) == grid
+    assert sorted(t for w in walks for t in w) == list(range(m_tiles * heads))
+    cost = tile_costs(m_tiles, heads, Tk, causal)
+    pairs = [[hb * m_tiles + p] + ([hb * m_tiles + m_tiles - 1 - p] if 2 * p + 1 < m_tiles else [])
+             for hb in range(heads) for p in range(-(-m_tiles // 2))]
+    paired = [sum((pairs[u] for u in range(c, len(pairs), grid)), []) for c in range(grid)]
+    load = [sum(cost[t] for t in w) for w in walks]
+    assert max(load) <= max(sum(cost[t] for t in w) for w in paired)
+    kept = max(len(pairs) // grid - 2, 0)  # rounds of pairs kept as they were
+    for c, walk in enumerate(walks):
+        first = sum((pairs[u] for u in range(c, kept * grid, grid)), [])
+        assert walk[:len(first)] == first
+    assert max(load) <= max(max(cost), 1.04 * sum(load) / grid)  # within 4% of the mean, or one tile
+    if causal and heads * m_tiles == 2048:
+        assert max(load) < 1.01 * sum(load) / grid
+        assert max(sum(cost[t] for t in w) for w in paired) > 1.025 * sum(load) / grid
+
+
+def test_forward_schedule_table():
+    """The kernel's view: row c is CTA c's walk, then the tile count (the end) to the row's end; made
+    once per key."""
+    table = _attention_fwd_sm90.schedule_table(5, 50, 640, True, 100, torch.device("cpu"))
+    assert table.dtype == torch.int32 and table.shape[0] == 100
+    walks = _attention_fwd_sm90.schedule(5, 50, 640, True, 100)
+    for row, walk in zip(table.tolist(), walks):
+        assert row == walk + [250] * (table.shape[1] - len(walk))
+    assert max(map(len, walks)) == table.shape[1] - 1
+    assert _attention_fwd_sm90.schedule_table(5, 50, 640, True, 100, torch.device("cpu")) is table
 
 
 def test_hopper_forward_variant_too_large():
@@ -188,14 +251,17 @@ def test_hopper_backward_variants_compile(causal, persistent, paired, tma_store,
 
 
 def test_hopper_forward_config():
-    """With the mask, pairs of query tiles on a persistent grid up to 64 query tiles, one CTA per tile
-    beyond; without it, single tiles on a persistent grid (measured); the backward likewise pairs
+    """With the mask, a persistent grid walking ``schedule``'s table (pairs of query tiles, their tail
+    balanced) up to 64 query tiles, one CTA per tile beyond; without it, single tiles on a persistent grid (measured); the backward likewise pairs
     key tiles with the mask, up to 64."""
     config = _attention_fwd_sm90.config
     for D in (64, 128):
-        assert config(D, True, 8192)["paired"] and config(D, True, 8192)["persistent"]
-        assert not config(D, True, 8193)["paired"] and not config(D, True, 8193)["persistent"]
-        assert not config(D, False, 100)["paired"] and config(D, False, 100)["persistent"]
+        # with the mask up to 64 query tiles, single tiles on a persistent grid walking ``schedule``'s table
+        assert config(D, True, 8192)["scheduled"] and config(D, True, 8192)["persistent"]
+        assert not config(D, True, 8192)["paired"]
+        assert not config(D, True, 8193)["scheduled"] and not config(D, True, 8193)["persistent"]
+        assert not config(D, False, 100)["scheduled"] and config(D, False, 100)["persistent"]
+        assert not any(config(D, causal, T)["paired"] for causal in (True, False) for T in (100, 8192, 8193))
         backward = _attention_bwd_sm90.config
         assert backward(D, True, 8192) == {"persistent": True, "paired": True, "tma_store": False}
         # dK and dV through TMA stores: up to 32 / 16 key tiles (with / without the mask) at D = 128, 8 at 64

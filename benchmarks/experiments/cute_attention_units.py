@@ -28,6 +28,8 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
                 the overlap and three K/V stages do not fit together)
     ...+o+k3, ...+o+v3  (forward) the overlap with three K stages and two V stages, or the reverse
                 (thirteenth session: 224 KB at D = 128)
+    sched...    (forward) single tiles on a persistent grid, each CTA walking its row of a host-made table
+                (``scheduled``: ``_attention_fwd_sm90.schedule``)
     ...+s       (forward) the epilogue through shared memory and a TMA store (``tma_store``; two V
                 stages, or three (``+s+v3``) with one Q buffer: 224 KB at D = 128 either way)
     config      the configured variant (``config``)
@@ -77,6 +79,12 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            "paired+p+s+v3": dict(paired=True, persistent=True, overlap=False, q_stages=1, v_stages=3, tma_store=True),
            "tile+p+s+v3": dict(paired=False, persistent=True, overlap=False, q_stages=1, v_stages=3, tma_store=True),
            "tile+s+v3": dict(paired=False, persistent=False, overlap=False, q_stages=1, v_stages=3, tma_store=True),
+           # single tiles in the order of a host-made table (``scheduled``): the pairs' round-robin walk but
+           # for the last two rounds, whose tiles go longest first to the CTA with the least work
+           "sched+p+o+s": dict(paired=False, persistent=True, scheduled=True, overlap=True, q_stages=2, v_stages=2,
+                               tma_store=True),
+           "sched+p+s": dict(paired=False, persistent=True, scheduled=True, overlap=False, q_stages=1, v_stages=2,
+                             tma_store=True),
            "config": {}}
 # the backward's epilogue: dK and dV through shared memory and TMA stores, or directly from registers
 BACKWARD = {f"{name}+{tag}": {**VARIANTS[name], "tma_store": tag == "s"}
@@ -106,6 +114,8 @@ def forward(q, k, v, causal, scale, variant):
     B, H, Tq, D = q.shape
     out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    if variant and "scheduled" not in variant:  # a named walk of pairs or tiles, not the config's table
+        variant = {"scheduled": False, **variant}
     fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
     return out, lse
 
@@ -165,7 +175,7 @@ def check(backward_too, only=None):
 
 
 def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64),
-          timed=None):
+          timed=None, masks=(True, False)):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
@@ -174,7 +184,7 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
     rows = []
     for D in head_dims:
         for T in lengths:
-            for causal in (True, False):
+            for causal in masks:
                 B = TOKENS // T
                 torch.manual_seed(0)
                 q, k, v, dout = (heads(B, H, T, D, "bhtd") for _ in range(4))
@@ -260,6 +270,7 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
     parser.add_argument("--head-dims", default="128,64", help="head dims to time")
+    parser.add_argument("--masks", default="causal,full", help="causal, full or both (comma-separated) to time")
     parser.add_argument("--timed", default="", help="variants to time ({}: the forward's paired, the backward's "
                         "paired+p with the mask, tile without; default: FORWARD_TIMED, or the backward's work units)")
     args = parser.parse_args()
@@ -270,7 +281,8 @@ def main():
         print(f"{failures} check failures")
         raise SystemExit(failures > 0)
     bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")], args.rounds,
-          [int(d) for d in args.head_dims.split(",")], list(filter(None, args.timed.split(","))))
+          [int(d) for d in args.head_dims.split(",")], list(filter(None, args.timed.split(","))),
+          tuple(m == "causal" for m in args.masks.split(",")))
 
 
 if __name__ == "__main__":

@@ -60,16 +60,23 @@ next tile's first S each run alone. Two Q stages (``q_stages``) let the next til
 The epilogue: out = O / l rounded to the dtype, stored straight from registers, rows past Tq skipped;
 lse = (c m + log2 l) ln 2, one lane of each quad per row.
 
+The walk of the work (``config``): without the mask a persistent grid over single tiles; with it, up
+to 64 query tiles, a persistent grid whose CTAs each walk a row of a table the host makes once per
+shape (``scheduled``: pairs of tiles with equal work, m_tiles - 1 - p and p, round-robin, and the last
+two rounds' tiles split and balanced longest first; ``schedule``), beyond that one CTA per tile,
+longest first.
+
 What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
 unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
 and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and ``config``'s variant (tile_n,
-persistent, paired, pingpong, overlap, q_stages, k_stages, v_stages); sizes, strides and the scale are runtime
-arguments.
+persistent, paired, pingpong, overlap, q_stages, k_stages, v_stages, tma_store, scheduled); sizes, strides,
+the scale and the table are runtime arguments.
 """
 
 # No ``from __future__ import annotations`` here: ``cute.struct`` reads its fields from the class's
 # annotations and needs the objects, not strings (the CPU suite failed that way when the DSL ran a
 # host function it had already transformed once).
+import heapq
 import math
 from types import SimpleNamespace
 
@@ -143,14 +150,80 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     1.00-1.01 / 1.05-1.06 / 1.05-1.06 / 0.99-1.06; without the mask the TMA store without the overlap
     wins at 2k and 4k (0.98-1.00 / 1.01, against 0.94-0.95 / 0.99-1.00 before) and with it at 1k (0.98-1.05
     against 0.90-0.96), while at 8k and beyond the direct stores stay ahead (1-2%). At D = 64 the TMA
-    store wins 0.5-4% at T <= 2k, ties at 4k and loses 1-2% at 8k."""
+    store wins 0.5-4% at T <= 2k, ties at 4k and loses 1-2% at 8k.
+    ``scheduled`` (with the mask, where pairs ran): the pairs' walk from a host-made table whose last
+    two rounds are single tiles balanced longest first (``schedule``). Same process on an H100, fraction
+    of SDPA at T = 1k / 2k / 4k / 8k, scheduled against pairs (h100-2026-11-25-session16/sched.json):
+    D = 128 0.993 / 1.088 / 1.098 / 1.093 against 0.981 / 1.041 / 1.074 / 1.075, D = 64 0.917 / 0.953 /
+    1.009 / 1.011 against 0.911 / 0.951 / 0.995 / 0.990."""
     m_tiles = -(-Tq // 128)
-    paired = causal and m_tiles <= 64
-    tma_store = (paired or (not causal and m_tiles <= 32)) if D == 128 else m_tiles <= 16
-    overlap = D == 128 and (paired or (not causal and m_tiles <= 8))
-    return {"tile_n": 128, "persistent": paired or not causal, "paired": paired,
+    scheduled = causal and m_tiles <= 64  # (where pairs ran before: the walk keeps them but for its tail)
+    tma_store = (scheduled or (not causal and m_tiles <= 32)) if D == 128 else m_tiles <= 16
+    overlap = D == 128 and (scheduled or (not causal and m_tiles <= 8))
+    return {"tile_n": 128, "persistent": scheduled or not causal, "paired": False, "scheduled": scheduled,
             "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1,
             "k_stages": 2, "v_stages": 2, "tma_store": tma_store}
+
+
+def schedule(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int) -> list[list[int]]:
+    """A static walk of the work tiles for ``grid`` persistent CTAs (``scheduled``): list c is the tiles
+    CTA c runs, in order. Tile t is query tile ``m_tiles - 1 - t % m_tiles`` of head (and batch)
+    ``t // m_tiles``, the numbering of one tile a unit.
+
+    Why: pairs of causal tiles (``paired``) all cost the same, m_tiles + 1 key tiles, so U pairs on G
+    CTAs take ceil(U / G) pair-times: with the runner's 1024 pairs on an H100's 132 SMs, 8 where 7.76
+    would do, 3% of the time with a quarter of the SMs idle in the last round. Here the pairs run as
+    before (round-robin, a head's pairs side by side, so that the CTAs at work together read the same
+    K and V) but for the last two rounds and the remainder: their tiles, split again, go longest first
+    each to the CTA with the least work so far (LPT). A tile costs its key tiles plus ``TILE_COST``.
+    The pairs' own walk is kept where it is no worse (a length that is a multiple of the grid)."""
+    tile_n = 128
+    cost = [0.0] * (m_tiles * heads)
+    for t in range(m_tiles * heads):
+        m_block = m_tiles - 1 - t % m_tiles
+        n_blocks = -(-min((m_block + 1) * tile_n, Tk) // tile_n) if causal else -(-Tk // tile_n)
+        cost[t] = n_blocks + TILE_COST
+    units = []  # pairs: the long tile (t % m_tiles = p), then its partner, in the walk of ``paired``
+    for hb in range(heads):
+        for p in range(-(-m_tiles // 2)):
+            units.append([hb * m_tiles + p] + ([hb * m_tiles + m_tiles - 1 - p] if 2 * p + 1 < m_tiles else []))
+    walks = [[] for _ in range(grid)]
+    for u, unit in enumerate(units):  # ``paired``'s own walk, for comparison
+        walks[u % grid] += unit
+    bulk = max(len(units) // grid - 2, 0) * grid
+    lpt = [sum(units[c:bulk:grid], []) for c in range(grid)]  # the pairs' first rounds as they were
+    loads = [(sum(cost[t] for t in walk), c) for c, walk in enumerate(lpt)]
+    heapq.heapify(loads)
+    for t in sorted((t for unit in units[bulk:] for t in unit), key=lambda t: -cost[t]):  # stable: heads in order
+        load, c = heapq.heappop(loads)
+        lpt[c].append(t)
+        heapq.heappush(loads, (load + cost[t], c))
+    makespan = lambda ws: max(sum(cost[t] for t in w) for w in ws)  # noqa: E731
+    return lpt if makespan(lpt) < makespan(walks) else walks
+
+
+TILE_COST = 0.5  # a work tile's fixed cost (Q, the epilogue), in key tiles, as ``schedule`` weighs it
+_schedules: dict[tuple, torch.Tensor] = {}  # (device index, m_tiles, heads, Tk, causal, grid) -> its table
+
+
+def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, device: torch.device):
+    """``schedule`` as the kernel reads it: an int32 (grid, L) tensor on ``device``, row c CTA c's walk
+    then ``m_tiles * heads`` (past the last tile: the end) to the row's end. Made once per key and kept
+    (at most ``_compile.PLANS``); None while the current stream captures a CUDA graph and the table is
+    not made yet (a copy to the device cannot be captured): then the caller walks pairs instead, which
+    changes the order of the tiles, never a bit of their results."""
+    key = (device.index, m_tiles, heads, Tk, causal, grid)
+    table = _schedules.get(key)
+    if table is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        walks = schedule(m_tiles, heads, Tk, causal, grid)
+        width = max(len(w) for w in walks) + 1
+        rows = [w + [m_tiles * heads] * (width - len(w)) for w in walks]
+        if len(_schedules) >= _compile.PLANS:
+            _schedules.pop(next(iter(_schedules)))
+        table = _schedules[key] = torch.tensor(rows, dtype=torch.int32).to(device)
+    return table
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
@@ -160,13 +233,22 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     c = {**config(D, causal, Tq), **variant}
+    sms, table = sm_count(q.device), lse  # lse: any int32-aligned pointer where no table is read
+    if c["scheduled"]:  # a persistent CTA per SM (or per unit, if fewer) walking its row of the table
+        m_tiles = -(-Tq // 128)
+        sms = min(sms, -(-m_tiles // 2) * H * B)
+        table = schedule_table(m_tiles, H * B, Tk, causal, sms, q.device)
+        if table is None:  # being captured: pairs (the same results)
+            c.update(scheduled=False, paired=True)
+            sms, table = sm_count(q.device), lse
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
                                         c["pingpong"], c["overlap"], c["q_stages"], c["k_stages"], c["v_stages"],
-                                        c["tma_store"]),
+                                        c["tma_store"], c["scheduled"]),
                     pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
+                    _compile.PointerArg(table.data_ptr(), cutlass.Int32, 4), table.shape[-1],
                     B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
-                    scale * math.log2(math.e), sm_count(q.device), _compile.stream_of(q))
+                    scale * math.log2(math.e), sms, _compile.stream_of(q))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,8 +344,8 @@ def next_tile(tile: Int32, grid: Int32, paired: cutlass.Constexpr) -> Int32:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class _AttentionFwdSm90:
-    """The compiled kernel for one key (dtype, D, causal, tile_n, persistent, paired, pingpong); ``__call__``
-    is the host function."""
+    """The compiled kernel for one key (dtype, D, causal, tile_n, persistent, paired, pingpong, overlap,
+    q_stages, k_stages, v_stages, tma_store, scheduled); ``__call__`` is the host function."""
 
     threads_per_wg = 128
     consumer_wgs = 2
@@ -275,10 +357,14 @@ class _AttentionFwdSm90:
 
     def __init__(self, dtype: torch.dtype, D: int, causal: bool, tile_n: int, persistent: bool, paired: bool,
                  pingpong: bool, overlap: bool, q_stages: int, k_stages: int = 2, v_stages: int = 2,
-                 tma_store: bool = False):
+                 tma_store: bool = False, scheduled: bool = False):
         self.dtype = _compile.DTYPES[dtype]
         self.D, self.causal, self.tile_n = D, causal, tile_n
+        if scheduled and (paired or not persistent):
+            raise ValueError("cute attention (forward, sm_90): a scheduled walk is of single tiles on a persistent "
+                             f"grid, not paired={paired}, persistent={persistent}")
         self.persistent, self.paired, self.pingpong = persistent, paired, pingpong
+        self.scheduled = scheduled  # each CTA walks its row of a host-made table (``schedule``)
         self.per_unit = 2 if paired else 1  # work tiles per unit
         self.overlap = overlap  # a tile's first product beside the last P V of the tile before
         self.q_stages = q_stages  # 2: the next tile's Q loads while this tile runs
@@ -294,7 +380,7 @@ class _AttentionFwdSm90:
 
     @cute.jit
     def __call__(self, pq: cute.Pointer, pk: cute.Pointer, pv: cute.Pointer, po: cute.Pointer, plse: cute.Pointer,
-                 B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32,
+                 pwalk: cute.Pointer, walk_len: Int32, B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32,
                  sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
                  sv_b: Int64, sv_h: Int64, sv_t: Int64, so_b: Int64, so_h: Int64, so_t: Int64,
                  scale_log2: Float32, sms: Int32, stream: cuda.CUstream):
@@ -309,6 +395,7 @@ class _AttentionFwdSm90:
         mVt = cute.make_tensor(pv, cute.select(mV.layout, mode=[1, 0, 2, 3]))  # (D, Tk, Hkv, B)
         mO = head_tensor(po, Tq, D, H, B, so_t, so_h, so_b, VEC)
         mLSE = row_tensor(plse, Tq, H, B)
+        mWalk = cute.make_tensor(pwalk, cute.make_layout((walk_len, sms), stride=(1, walk_len)))  # (L, CTA)
 
         # --- the two products, each warpgroup a 64-row slice: S (64 x bN) and O (64 x D), float32
         major = cute.nvgpu.OperandMajorMode
@@ -364,9 +451,9 @@ class _AttentionFwdSm90:
             units = cute.ceil_div(m_tiles, 2) * H * B
         grid = units
         if cutlass.const_expr(self.persistent):
-            grid = cutlass.min(units, sms)
+            grid = cutlass.min(units, sms)  # scheduled: the host made sms the table's CTA count
         self.kernel(tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mVt, mO, mLSE, mma_qk, mma_pv, q_smem, k_smem, v_smem,
-                    tma_o, tma_mO, mma_o, o_smem, H // Hkv, units, scale_log2).launch(
+                    tma_o, tma_mO, mma_o, o_smem, mWalk, H // Hkv, units, scale_log2).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     def pipeline_states(self, user: pipeline.PipelineUserType):
@@ -415,15 +502,34 @@ class _AttentionFwdSm90:
                 nxt = next_tile(nxt, grid, self.paired)
         return nxt
 
+    @cute.jit
+    def first_tile(self, mWalk: cute.Tensor, bx: Int32) -> Int32:
+        """The first work tile of CTA bx's walk (past the last tile: none)."""
+        tile = bx * self.per_unit
+        if cutlass.const_expr(self.scheduled):
+            tile = mWalk[0, bx]
+        return tile
+
+    @cute.jit
+    def tile_after(self, tile: Int32, i: Int32, mWalk: cute.Tensor, bx: Int32, grid: Int32, Tq: Int32, Tk: Int32,
+                   H: Int32) -> Int32:
+        """The valid work tile after ``tile``, the i-th of CTA bx's walk (``scheduled``: its table row)."""
+        nxt = i
+        if cutlass.const_expr(self.scheduled):
+            nxt = mWalk[i, bx]
+        else:
+            nxt = self.next_valid_tile(tile, grid, Tq, Tk, H)
+        return nxt
+
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, q_smem: cute.ComposedLayout,
                k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, tma_o, mO_tma, mma_o,
-               o_smem: cute.ComposedLayout, group: Int32, units: Int32, scale_log2: Float32):
+               o_smem: cute.ComposedLayout, mWalk: cute.Tensor, group: Int32, units: Int32, scale_log2: Float32):
         # mQ (Tq, D, H, B), mK (Tk, D, Hkv, B), mVt (D, Tk, Hkv, B), mO_tma (Tq, D, H, B): TMA coordinate
         # tensors (mO_tma, tma_o, mma_o: None without ``tma_store``); mO (Tq, D, H, B) out itself;
-        # mLSE (Tq, H, B) float32
+        # mLSE (Tq, H, B) float32; mWalk (L, CTA) int32 the CTAs' walks (``scheduled``)
         D, bM, bN = self.D, self.tile_m, self.tile_n
         tidx, warp_idx, wg_idx, bx, grid = thread_roles(self.threads_per_wg)
         Tq, Tk, H = mO.shape[0], mK.shape[0], mO.shape[2]
@@ -458,7 +564,7 @@ class _AttentionFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
                 q_state, k_state, v_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
-                tile = bx * self.per_unit
+                tile, walked = self.first_tile(mWalk, bx), Int32(0)  # (not ``i``: the key loop's)
                 while tile < units * self.per_unit:
                     valid, m_block, h, b, row0, n_blocks, n_masked = self.work_tile(tile, Tq, Tk, H)
                     if valid:
@@ -486,12 +592,13 @@ class _AttentionFwdSm90:
                             cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, v_state.index)],
                                       tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
                             v_state.advance()
-                    tile = next_tile(tile, grid, self.paired)
+                    walked += 1
+                    tile = self.tile_after(tile, walked, mWalk, bx, grid, Tq, Tk, H)
 
         if wg_idx < self.consumer_wgs:  # --------------------------------------------- consumers
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mma_qk, mma_pv, sQ, sK, sVt, q_pipe, k_pipe, v_pipe, mO, mLSE, (tma_o, mO_tma, mma_o, sO),
-                         tidx, wg_idx, bx, grid, units, Tq, Tk, H, scale_log2)
+                         mWalk, tidx, wg_idx, bx, grid, units, Tq, Tk, H, scale_log2)
 
     def registers(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                   sVt: cute.Tensor, tidx: Int32, wg_idx: Int32) -> SimpleNamespace:
@@ -525,10 +632,10 @@ class _AttentionFwdSm90:
     @cute.jit
     def consume(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sVt: cute.Tensor, q_pipe, k_pipe, v_pipe, mO: cute.Tensor, mLSE: cute.Tensor, store: tuple,
-                tidx: Int32, wg_idx: Int32, first: Int32, step: Int32, units: Int32, Tq: Int32, Tk: Int32, H: Int32,
-                scale_log2: Float32):
-        """A consumer warpgroup: its 64 rows of out and lse, for the tiles of units first, first + step, ...
-        ``store``: (tma_o, mO_tma, mma_o, sO) of ``tma_store``."""
+                mWalk: cute.Tensor, tidx: Int32, wg_idx: Int32, bx: Int32, step: Int32, units: Int32, Tq: Int32,
+                Tk: Int32, H: Int32, scale_log2: Float32):
+        """A consumer warpgroup: its 64 rows of out and lse, for the tiles of CTA bx's walk (units bx,
+        bx + step, ..., or its row of mWalk). ``store``: (tma_o, mO_tma, mma_o, sO) of ``tma_store``."""
         r = self.registers(mma_qk, mma_pv, sQ, sK, sVt, tidx, wg_idx)
         if cutlass.const_expr(self.tma_store):
             self.store_setup(r, store, tidx, wg_idx)
@@ -538,7 +645,7 @@ class _AttentionFwdSm90:
 
         pipes = (q_pipe, k_pipe, v_pipe)
         q_state, k_read, v_read = self.pipeline_states(pipeline.PipelineUserType.Consumer)
-        tile, end = first * self.per_unit, units * self.per_unit  # a unit's first tile is always valid
+        tile, end, walked = self.first_tile(mWalk, bx), units * self.per_unit, Int32(0)  # a unit's first is valid
         if cutlass.const_expr(self.overlap):
             if tile < end:  # the first tile's first scores: the only ones with nothing beside them
                 _, _, _, _, row0, n_blocks, _ = self.work_tile(tile, Tq, Tk, H)
@@ -547,7 +654,8 @@ class _AttentionFwdSm90:
                 q_pipe.consumer_wait(q_state)
                 k_read = self.first_scores(r, mma_qk, k_pipe, k_read, q_state, row0, n_blocks, Tk, scale_log2)
             while tile < end:
-                nxt = self.next_valid_tile(tile, step, Tq, Tk, H)
+                walked += 1
+                nxt = self.tile_after(tile, walked, mWalk, bx, step, Tq, Tk, H)
                 q_state, k_read, v_read = self.overlapped_tile(
                     r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, tile, nxt < end, nxt,
                     Tq, Tk, H, scale_log2)
@@ -559,7 +667,8 @@ class _AttentionFwdSm90:
                     q_state, k_read, v_read = self.consume_tile(
                         r, mma_qk, mma_pv, pipes, q_state, k_read, v_read, mO, mLSE, tidx, wg_idx, h, b, row0,
                         n_blocks, n_masked, Tq, Tk, scale_log2)
-                tile = next_tile(tile, step, self.paired)
+                walked += 1
+                tile = self.tile_after(tile, walked, mWalk, bx, step, Tq, Tk, H)
         if cutlass.const_expr(self.tma_store):
             if tidx % self.threads_per_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read smem: the CTA may end
