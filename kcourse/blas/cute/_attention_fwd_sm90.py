@@ -505,21 +505,17 @@ class _AttentionFwdSm90:
     @cute.jit
     def first_tile(self, mWalk: cute.Tensor, bx: Int32) -> Int32:
         """The first work tile of CTA bx's walk (past the last tile: none)."""
-        tile = bx * self.per_unit
         if cutlass.const_expr(self.scheduled):
-            tile = mWalk[0, bx]
-        return tile
+            return mWalk[0, bx]
+        return bx * self.per_unit
 
     @cute.jit
     def tile_after(self, tile: Int32, i: Int32, mWalk: cute.Tensor, bx: Int32, grid: Int32, Tq: Int32, Tk: Int32,
                    H: Int32) -> Int32:
         """The valid work tile after ``tile``, the i-th of CTA bx's walk (``scheduled``: its table row)."""
-        nxt = i
         if cutlass.const_expr(self.scheduled):
-            nxt = mWalk[i, bx]
-        else:
-            nxt = self.next_valid_tile(tile, grid, Tq, Tk, H)
-        return nxt
+            return mWalk[i, bx]
+        return self.next_valid_tile(tile, grid, Tq, Tk, H)
 
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
