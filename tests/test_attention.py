@@ -357,8 +357,8 @@ HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 7
 @pytest.mark.parametrize("case", HOPPER_UNITS, ids=str)
 def test_cute_hopper_work_units(case):
     """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
-    persistent grid, the forward's walk of a host-made table, overlap of tiles with one or two Q buffers, two or three V stages, the
-    epilogues' direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
+    persistent grid, the forward's walk of a host-made table, its overlap of tiles with one or two Q
+    buffers, two or three V stages, the epilogues' direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
     whichever CTA runs it; dq's float32 sums come in a varying order), and the configured one matches the
     reference."""
     require_backend("cute")

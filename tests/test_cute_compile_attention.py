@@ -252,8 +252,8 @@ def test_hopper_backward_variants_compile(causal, persistent, paired, tma_store,
 
 def test_hopper_forward_config():
     """With the mask, a persistent grid walking ``schedule``'s table (pairs of query tiles, their tail
-    balanced) up to 64 query tiles, one CTA per tile beyond; without it, single tiles on a persistent grid (measured); the backward likewise pairs
-    key tiles with the mask, up to 64."""
+    balanced) up to 64 query tiles, one CTA per tile beyond; without it, single tiles on a persistent
+    grid (measured); the backward pairs key tiles with the mask, up to 64."""
     config = _attention_fwd_sm90.config
     for D in (64, 128):
         # with the mask up to 64 query tiles, single tiles on a persistent grid walking ``schedule``'s table

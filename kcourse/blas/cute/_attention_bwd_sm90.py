@@ -401,18 +401,19 @@ class _AttentionBwdSm90:
         # 64 x 64 boxes of 8 KB (128-byte swizzle), dV in a buffer of its own, dK in the warpgroup's own
         # halves of the two dS stages (dS^T rows are keys: warpgroup w writes bytes [8 KB w, 8 KB w + 8 KB)
         # of each 16 KB stage), so box j of dK is stage j's half; rows past Tk are clipped by the engine
-        box = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, 64), 1)  # ((8, 8), 64, 1), swizzled
-        dv_smem = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, D), self.consumer_wgs)  # (64, D, 2)
-        stage = cute.cosize(cute.slice_(ds_smem, (None, None, 0)).outer)  # elements of a dS stage
-        dk_view = cute.make_composed_layout(box.inner, 0, cute.make_layout(
-            ((8, 8), (64, D // 64), self.consumer_wgs), stride=((64, 512), (1, stage), stage // 2)))  # (64, D, 2)
-        tma_dk = tma_mdK = tma_dv = tma_mdV = mma_o = None
+        tma_dk = tma_mdK = tma_dv = tma_mdV = mma_o = dv_smem = dk_view = None
+        dv_elems = 8
         if cutlass.const_expr(self.tma_store):
+            box = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, 64), 1)  # ((8, 8), 64, 1), swizzled
+            dv_smem = sm90_utils.make_smem_layout_epi(self.dtype, row_major, (64, D), self.consumer_wgs)  # (64, D, 2)
+            dv_elems = cute.cosize(dv_smem)
+            stage = cute.cosize(cute.slice_(ds_smem, (None, None, 0)).outer)  # elements of a dS stage
+            dk_view = cute.make_composed_layout(box.inner, 0, cute.make_layout(
+                ((8, 8), (64, D // 64), self.consumer_wgs), stride=((64, 512), (1, stage), stage // 2)))  # (64, D, 2)
             store = cpasync.CopyBulkTensorTileS2GOp()
             tma_dk, tma_mdK = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(box, (None, None, 0)), (64, 64))
             tma_dv, tma_mdV = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(box, (None, None, 0)), (64, 64))
             mma_o = epilogue_mma(self.dtype, D)  # a warpgroup's dK, dV accumulator layout
-        dv_elems = cute.cosize(dv_smem) if self.tma_store else 8
 
         @cute.struct
         class SharedStorage:
@@ -474,11 +475,12 @@ class _AttentionBwdSm90:
                mLSE2: cute.Tensor, mDelta: cute.Tensor, mAcc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
                q_smem: cute.ComposedLayout, kv_smem: cute.ComposedLayout, ds_smem: cute.ComposedLayout,
-               tma_dk, mdK_tma, tma_dv, mdV_tma, mma_o, dv_smem: cute.ComposedLayout, dk_view: cute.ComposedLayout,
-               group: Int32, Tq: Int32, scale_log2: Float32, scale: Float32):
+               tma_dk, mdK_tma, tma_dv, mdV_tma, mma_o, dv_smem, dk_view, group: Int32, Tq: Int32,
+               scale_log2: Float32, scale: Float32):
         # mQ, mdO (Tq, D, H, B) and mK, mV (Tk, D, Hkv, B): TMA coordinate tensors; mdK, mdV (Tk, D, Hkv,
         # B) the outputs; mLSE2, mDelta (Tq padded, H, B); mAcc as accum_tensor; ``tma_store``'s atoms
-        # and coordinate tensors of dK and dV (else None)
+        # and coordinate tensors of dK and dV, their smem layouts (dv_smem; dk_view in the dS stages) and
+        # accumulator layout (mma_o), else None
         D, bM, bN = self.D, self.tile_m, self.tile_n
         tidx, warp_idx, wg_idx, bx, ctas = thread_roles(self.threads_per_wg)
         Tk, Hkv, B = mK.shape[0], mK.shape[2], mK.shape[3]
