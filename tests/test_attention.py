@@ -427,7 +427,7 @@ def test_cute_hopper_scheduled_forward_under_capture():
     forward(out, lse, paired=False, scheduled=True)  # compiles the scheduled kernel, makes its table
     expected = out.clone(), lse.clone()
     forward(out, lse, paired=True, scheduled=False)  # compiles the pairs' kernel outside the capture
-    fwd90._schedules.clear()
+    fwd90._schedules.clear(), fwd90._captured.clear()
     out.zero_(), lse.zero_()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

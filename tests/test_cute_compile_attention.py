@@ -225,6 +225,25 @@ def test_forward_schedule_table():
     assert _attention_fwd_sm90.schedule_table(5, 50, 640, True, 100, torch.device("cpu")) is table
 
 
+def test_forward_schedule_table_under_capture(monkeypatch):
+    """While a CUDA graph is captured no table is made (None: the caller walks pairs), and a table made
+    before is kept for good: the graph may replay it after the cache has let it go."""
+    fwd = _attention_fwd_sm90
+    monkeypatch.setattr(fwd, "_schedules", {})
+    monkeypatch.setattr(fwd, "_captured", {})
+    monkeypatch.setattr(_compile, "PLANS", 1)
+    cuda = torch.device("cuda", 0)
+    key = (0, 4, 3, 512, True, 6)
+    fwd._schedules[key] = table = torch.zeros(6, 3, dtype=torch.int32)  # as an eager call left it
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert fwd.schedule_table(4, 3, 512, True, 6, cuda) is table
+    assert fwd.schedule_table(5, 3, 640, True, 6, cuda) is None and list(fwd._schedules) == [key]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fwd.schedule_table(5, 3, 640, True, 6, torch.device("cpu"))  # a new key: the oldest goes (PLANS = 1)
+    assert key not in fwd._schedules and fwd._captured == {key: table}
+    assert fwd.schedule_table(4, 3, 512, True, 6, cuda) is table  # served from the captured, not remade
+
+
 def test_hopper_forward_variant_too_large():
     """A variant whose buffers exceed an SM's shared memory is refused by name before it compiles."""
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)

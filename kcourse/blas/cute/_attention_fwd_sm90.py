@@ -204,19 +204,23 @@ def schedule(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int) -> list
 
 TILE_COST = 0.5  # a work tile's fixed cost (Q, the epilogue), in key tiles, as ``schedule`` weighs it
 _schedules: dict[tuple, torch.Tensor] = {}  # (device index, m_tiles, heads, Tk, causal, grid) -> its table
+_captured: dict[tuple, torch.Tensor] = {}  # the tables a CUDA graph may read: never freed
 
 
 def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, device: torch.device):
     """``schedule`` as the kernel reads it: an int32 (grid, L) tensor on ``device``, row c CTA c's walk
     then ``m_tiles * heads`` (past the last tile: the end) to the row's end. Made once per key and kept
-    (at most ``_compile.PLANS``); None while the current stream captures a CUDA graph and the table is
-    not made yet (a copy to the device cannot be captured): then the caller walks pairs instead, which
-    changes the order of the tiles, never a bit of their results."""
+    (at most ``_compile.PLANS``, the oldest freed first). While the current stream captures a CUDA
+    graph: the table, kept for good (the graph may be replayed at any time), or None if it is not made
+    yet (a copy to the device cannot be captured): then the caller walks pairs instead, which changes
+    the order of the tiles, never a bit of their results."""
     key = (device.index, m_tiles, heads, Tk, causal, grid)
-    table = _schedules.get(key)
+    table = _schedules.get(key, _captured.get(key))
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if table is not None:
+            _captured[key] = table
+        return table
     if table is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
         walks = schedule(m_tiles, heads, Tk, causal, grid)
         width = max(len(w) for w in walks) + 1
         rows = [w + [m_tiles * heads] * (width - len(w)) for w in walks]
