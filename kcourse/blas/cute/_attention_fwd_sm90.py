@@ -165,6 +165,9 @@ def config(D: int, causal: bool, Tq: int) -> dict:
             "k_stages": 2, "v_stages": 2, "tma_store": tma_store}
 
 
+TILE_COST = 0.5  # a work tile's fixed cost (Q, the epilogue), in key tiles, as ``schedule`` weighs it
+
+
 def schedule(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int) -> list[list[int]]:
     """A static walk of the work tiles for ``grid`` persistent CTAs (``scheduled``): list c is the tiles
     CTA c runs, in order. Tile t is query tile ``m_tiles - 1 - t % m_tiles`` of head (and batch)
@@ -202,7 +205,6 @@ def schedule(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int) -> list
     return lpt if makespan(lpt) < makespan(walks) else walks
 
 
-TILE_COST = 0.5  # a work tile's fixed cost (Q, the epilogue), in key tiles, as ``schedule`` weighs it
 _schedules: dict[tuple, torch.Tensor] = {}  # (device index, m_tiles, heads, Tk, causal, grid) -> its table
 _captured: dict[tuple, torch.Tensor] = {}  # the tables a CUDA graph may read: never freed
 
