@@ -270,7 +270,7 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
     parser.add_argument("--head-dims", default="128,64", help="head dims to time")
-    parser.add_argument("--masks", default="causal,full", help="causal, full or both (comma-separated) to time")
+    parser.add_argument("--masks", default="causal,full", help="the masks to time: causal, full or causal,full")
     parser.add_argument("--timed", default="", help="variants to time ({}: the forward's paired, the backward's "
                         "paired+p with the mask, tile without; default: FORWARD_TIMED, or the backward's work units)")
     args = parser.parse_args()
