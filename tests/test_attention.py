@@ -358,9 +358,9 @@ HOPPER_UNITS = [((4, 16, 4, 1000, 1000, 128), False, "bthd"), ((2, 32, 8, 777, 7
 def test_cute_hopper_work_units(case):
     """The cute Hopper kernels' ways of walking the work (one CTA a tile, pairs of causal tiles, a
     persistent grid, the forward's walk of a host-made table, its overlap of tiles with one or two Q
-    buffers, two or three V stages, the epilogues' direct or TMA stores) change no bit of out, lse, dk, dv (a tile's arithmetic is the same
-    whichever CTA runs it; dq's float32 sums come in a varying order), and the configured one matches the
-    reference."""
+    buffers, two or three V stages, the epilogues' direct or TMA stores) change no bit of out, lse, dk,
+    dv (a tile's arithmetic is the same whichever CTA runs it; dq's float32 sums come in a varying
+    order), and the configured one matches the reference."""
     require_backend("cute")
     from kcourse.blas.cute import _attention_bwd_sm90 as bwd90, _attention_fwd_sm90 as fwd90, _compile
 
@@ -427,7 +427,8 @@ def test_cute_hopper_scheduled_forward_under_capture():
     forward(out, lse, paired=False, scheduled=True)  # compiles the scheduled kernel, makes its table
     expected = out.clone(), lse.clone()
     forward(out, lse, paired=True, scheduled=False)  # compiles the pairs' kernel outside the capture
-    fwd90._schedules.clear(), fwd90._captured.clear()
+    fwd90._schedules.clear()
+    fwd90._captured.clear()
     out.zero_(), lse.zero_()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -192,8 +192,8 @@ def tile_costs(m_tiles, heads, Tk, causal):
 def test_forward_schedule(m_tiles, heads, Tk, causal, grid):
     """Every tile exactly once; no CTA with more work than in the pairs' round-robin walk, which it
     keeps for all but the last two rounds; the busiest CTA within 4% of the mean (or one tile); at the
-    runner's causal shapes (1024 pairs on 132 SMs: 7.76
-    rounds of equal pairs) within 1% of a perfect balance, where the pairs are 3% off."""
+    runner's causal shapes (1024 pairs on 132 SMs: 7.76 rounds of equal pairs) within 1% of a perfect
+    balance, where the pairs are 3% off."""
     walks = _attention_fwd_sm90.schedule(m_tiles, heads, Tk, causal, grid)
     assert len(walks) == grid
     assert sorted(t for w in walks for t in w) == list(range(m_tiles * heads))
