@@ -209,6 +209,28 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
     assert {p.one_pass for p in plans(seen, "_norm_backward_factory")} == {True, False}
 
 
+# (op, dtype, D, threads a CTA, prefetch) of the backward for rows kept on chip (_norm.backward_launch)
+LAUNCHES = [("layer_norm", torch.bfloat16, 8192, 256, True),  # a row across 256 threads, 16-byte accesses
+            ("layer_norm", torch.float16, 4098, 256, True),  # 4-byte accesses (the narrowest cp.async)
+            ("layer_norm", torch.bfloat16, 3001, 256, False),  # 2-byte accesses: loaded, not staged
+            ("layer_norm", torch.bfloat16, 4096, 512, False),  # a row across 128 threads
+            ("layer_norm", torch.float32, 8192, 512, False), ("rms_norm", torch.bfloat16, 8192, 512, False)]
+
+
+@pytest.mark.parametrize("op, dtype, d, threads, prefetch", LAUNCHES)
+def test_norm_backward_launch_compiles(monkeypatch, op, dtype, d, threads, prefetch):
+    seen = compiled_kernels(monkeypatch)
+    forward, backward = op_functions(op)
+    x, w = t(5, d, dtype=dtype), t(d, dtype=dtype)
+    with _compile.compiling_only():
+        cache = forward(x, w, w, eps=1e-5)[1] if op == "layer_norm" else forward(x, w, eps=1e-5)[1]
+        backward(t(5, d, dtype=dtype), cache, (True,) * (3 if op == "layer_norm" else 2), eps=1e-5)
+    (key,) = [key for name, key in seen if name == "_norm_backward_factory"]
+    plan_ = key[2]
+    assert plan_.one_pass and plan_.threads == threads and plan_.rows == threads // plan_.tpr
+    assert key[-1] is prefetch
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_norm_optional_operands_compile(monkeypatch, op):
     # a missing weight or bias, and every subset of the gradients, compile into their own kernels

@@ -10,6 +10,13 @@ dweight, dbias), triton against cute, each result compared with torch in float32
 (torch.profiler, ``kernel_times``). The variants measured with it (threads per row, CTAs per SM with
 and without an occupancy hint, CTA pairs for the partials) are in the session 11 and 12 results
 READMEs.
+
+``--norm-variants``: instead, the norm backward (``--ops``, op:dtype pairs; ``--dims``, row lengths,
+2^28 elements each) with each variant of ``_norm``'s launch (``NORM_VARIANTS``: threads per CTA, CTAs
+per SM, the next row staged in shared memory; "config" is ``backward_launch``'s choice) against
+triton, in the same interleaved rounds, with each kernel's device time at D = 8192; every variant's
+gradients are compared with torch's and with two CTAs of 256 threads'. Session 17 also measured a
+named barrier per row slot at 512 threads (slower: 0.586 against 0.582 ms, layer_norm bf16).
 """
 import argparse
 import json
@@ -19,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from kcourse.blas.cute import cross_entropy as cute_ce, layer_norm as cute_ln
-from kcourse.blas.triton import cross_entropy as triton_ce, layer_norm as triton_ln
+from kcourse.blas.cute import _norm, cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms
+from kcourse.blas.triton import cross_entropy as triton_ce, layer_norm as triton_ln, rms_norm as triton_rms
 
 N, V = 32768, 8192
 
@@ -87,9 +94,69 @@ def layer_norm_case():
             "kernels us": {name: kernel_times(fns[name]) for name in ("triton", "cute")}}
 
 
+NORM_VARIANTS = {  # name: _norm.LAUNCH_OVERRIDE (threads, CTAs per SM, prefetch); "config": backward_launch's
+    "config": None, "256x2": (256, 2, False), "512x1": (512, 1, False), "256x2 prefetch": (256, 2, True),
+    "512x1 prefetch": (512, 1, True)}
+
+
+def _with(variant, fn):
+    """``fn`` run with ``_norm``'s backward launch set to ``variant`` (then restored)."""
+    def run():
+        saved, _norm.LAUNCH_OVERRIDE = _norm.LAUNCH_OVERRIDE, NORM_VARIANTS[variant]
+        try:
+            return fn()
+        finally:
+            _norm.LAUNCH_OVERRIDE = saved
+    return run
+
+
+def norm_variants_case(op, dtype, d, profile):
+    """The backward of layer_norm (weight and bias) or rms_norm (weight) on 2^28 / d rows of d: triton
+    and each variant (the prefetch only in 16 bits: 32-bit rows staged beside the accumulators would
+    not fit in shared memory)."""
+    torch.manual_seed(0)
+    n = 2**28 // d
+    x = torch.randn(n, d, device="cuda", dtype=dtype)
+    w, b = (torch.randn(d, device="cuda", dtype=dtype) for _ in range(2))
+    dy = torch.randn(n, d, device="cuda", dtype=dtype)
+    xr, wr, br = (t.float().requires_grad_() for t in (x, w, b))
+    if op == "layer_norm":
+        needs = (True, True, True)
+        t_cache, c_cache = triton_ln.layer_norm(x, w, b, 1e-5)[1], cute_ln.layer_norm(x, w, b, 1e-5)[1]
+        fns = {"triton": lambda: triton_ln.layer_norm_backward(dy, t_cache, needs, 1e-5)}
+        cute_fn = lambda: cute_ln.layer_norm_backward(dy, c_cache, needs, 1e-5)  # noqa: E731
+        ref = torch.autograd.grad(F.layer_norm(xr, (d,), wr, br, 1e-5), (xr, wr, br), dy.float())
+    else:
+        needs = (True, True)
+        t_cache, c_cache = triton_rms.rms_norm(x, w, 1e-5)[1], cute_rms.rms_norm(x, w, 1e-5)[1]
+        fns = {"triton": lambda: triton_rms.rms_norm_backward(dy, t_cache, needs, 1e-5)}
+        cute_fn = lambda: cute_rms.rms_norm_backward(dy, c_cache, needs, 1e-5)  # noqa: E731
+        ref = torch.autograd.grad(F.rms_norm(xr, (d,), wr, 1e-5), (xr, wr), dy.float())
+    del xr, wr, br
+    variants = [v for v in NORM_VARIANTS if dtype != torch.float32 or "prefetch" not in v]
+    fns.update({name: _with(name, cute_fn) for name in variants})
+    base = fns["256x2"]()
+    errors = {}
+    for name, fn in fns.items():
+        got = [g for g in fn() if g is not None]
+        errors[name] = {"vs torch": [round((g.float() - r).abs().max().item(), 4) for g, r in zip(got, ref)],
+                        "vs 256x2": [round((g.float() - c.float()).abs().max().item(), 4)
+                                     for g, c in zip(got, [c for c in base if c is not None])]}
+    size = torch.tensor([], dtype=dtype).element_size()
+    row = {"op": f"{op} bwd {str(dtype)[6:]}", "shape": [n, d], "errors": errors, "ms": timed(fns),
+           "bytes": 3 * n * d * size}
+    if profile:
+        row["kernels us"] = {name: kernel_times(fns[name]) for name in fns}
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
+    parser.add_argument("--norm-variants", action="store_true")
+    parser.add_argument("--dims", default="8192", help="--norm-variants: row lengths, comma-separated")
+    parser.add_argument("--ops", default="layer_norm:bfloat16,layer_norm:float32,rms_norm:bfloat16",
+                        help="--norm-variants: op:dtype pairs, comma-separated")
     args = parser.parse_args()
     src = torch.empty(2**28 // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -98,7 +165,12 @@ def main():
             "shape": [N, V], "dtype": "bfloat16", "copy_gbs": round(2 * src.numel() * 2 / copy_ms / 1e6, 1)}
     print(json.dumps(meta), flush=True)
     rows = []
-    for case in (cross_entropy_case, layer_norm_case):
+    cases = (cross_entropy_case, layer_norm_case)
+    if args.norm_variants:
+        pairs = [item.split(":") for item in args.ops.split(",")]
+        cases = [lambda op=op, dtype=dtype, d=d: norm_variants_case(op, getattr(torch, dtype), d, d == 8192)
+                 for d in map(int, args.dims.split(",")) for op, dtype in pairs]
+    for case in cases:
         row = case()
         row["fraction of copy"] = {name: round(row["bytes"] / t / 1e6 / meta["copy_gbs"], 4)
                                    for name, t in row["ms"].items()}

@@ -10,8 +10,8 @@ Rows are the last dimension of x (..., D), flattened to (N, D). Per row, in floa
 FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): forward 2NDs (+ 8N
 for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory bound.
 
-Threads over rows are ``_rows.plan``'s (a CTA of 256 threads = 256 / TPR rows of TPR threads, a
-row read with 128-bit accesses where the layout allows, row sums by warp shuffles then shared
+Threads over rows are ``_rows.plan``'s (a CTA of 256 threads, or of 512 in the backward = threads /
+TPR rows of TPR threads, a row read with 128-bit accesses where the layout allows, row sums by warp shuffles then shared
 memory, ``_rows.row_allreduce``). x is addressed through its own row and column strides (a
 transposed or strided x is read in place); y, dx, weight and bias are contiguous.
 
@@ -22,7 +22,7 @@ Forward (``norm_forward_kernel``, a CTA per 256 / TPR rows)
     the sums of s = x - K and s^2 (var = mean(s^2) - mean(s)^2, stable for large offsets since
     (mean - K)^2 <= var * D / CHUNK), then y in a second sweep.
 
-Backward (``norm_backward_kernel``, P = min(row blocks, CTAS_PER_SM * SMs) CTAs)
+Backward (``norm_backward_kernel``, P CTAs: one of 512 threads or two of 256 an SM, ``backward_launch``)
     CTA b takes the row blocks b, b + P, ... (a grid-stride loop). For rows of up to
     ``ON_CHIP_BACKWARD`` (8192) columns, each row's x and dy are loaded once: the row sums of
     g * xhat and g (one joint reduction) give dx, and each thread adds dy * xhat and dy for its
@@ -30,7 +30,10 @@ Backward (``norm_backward_kernel``, P = min(row blocks, CTAS_PER_SM * SMs) CTAs)
     it: no races, and the registers stay free for x and dy; a warp sync per row keeps the compiler
     from promoting them to registers). Weight is re-read per row (an L1 hit). The row reduction's
     shared-memory buffer alternates between two stages from row to row, so that a fast warp never
-    overwrites values a slow one still reads. At the end the CTA adds its row slots'
+    overwrites values a slow one still reads. With ``prefetch`` each thread copies its slice of the
+    next row's x and dy into shared memory (cp.async) as soon as this row's are in registers, and
+    waits for that copy (its own: no barrier) at the top of the next row: the loads of one row fly
+    while the CTA reduces and stores the one before. At the end the CTA adds its row slots'
     accumulators column by column, in order, and writes one row of float32 partials (P, D). A longer
     row is swept twice for dx (row sums, then dx) and the column sums are taken chunk by chunk over
     the CTA's rows, in registers, as triton does (x and dy are then read three times).
@@ -38,7 +41,8 @@ Backward (``norm_backward_kernel``, P = min(row blocks, CTAS_PER_SM * SMs) CTAs)
     parameter's dtype: a deterministic two-stage reduction, no atomics.
 
 Keys: dtype, ``plan`` (vector width, threads per row, vectors per thread, one pass or chunks, unit
-column strides) and which of weight, bias, dx, dweight, dbias exist (a missing one is compiled out);
+column strides, threads per CTA), which of weight, bias, dx, dweight, dbias exist (a missing one is
+compiled out) and, for the backward, the prefetch;
 N, D, eps and the strides are runtime arguments. N must stay below 2^31 rows (the row blocks are
 32-bit), D below ``_rows.MAX_N``: a ``ValueError`` otherwise.
 """
@@ -52,6 +56,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import cpasync
 
 from . import _compile, _reduce
 from ._rows import (MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk, masked, plan,
@@ -60,7 +65,8 @@ from ._rows import (MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
 STREAM_BACKWARD = 16  # ... backward (x, dy, weight, and two column sums)
-CTAS_PER_SM = 2  # backward grid: about what fits on an SM at once (64 KB of accumulators, ~128 registers)
+CTAS_PER_SM = 2  # backward grid for rows longer than ON_CHIP_BACKWARD (rows kept on chip: backward_launch)
+LAUNCH_OVERRIDE = None  # backward, rows kept on chip: (threads, CTAs per SM, prefetch) instead of backward_launch's
 SUM_UNROLL = 4  # column_sum_kernel: steps of its loop unrolled (each thread has that many loads in flight)
 
 
@@ -173,8 +179,11 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
 
 # ----------------------------------------------------------------------------- backward
 
-def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool, has_dw: bool, has_db: bool):
-    """The backward host function; the flags say which of weight, dx, dweight, dbias exist."""
+def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool, has_dw: bool, has_db: bool,
+                           prefetch: bool):
+    """The backward host function; the flags say which of weight, dx, dweight, dbias exist and whether
+    (rows kept on chip) the next row's x and dy are copied into shared memory (cp.async) while this
+    row is reduced."""
     chunk, vpt, tpr, slots = plan_.chunk, plan_.vpt, plan_.tpr, plan_.rows
     sums = 2 if center else 1  # row sums dx needs: g * xhat (and g)
 
@@ -222,6 +231,11 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                 if const_expr(accumulators[k]):
                     sAcc[k] = smem.allocate_tensor(Float32, cute.make_ordered_layout((slots, chunk), order=(1, 0)),
                                                    byte_alignment=16)
+        sX, sdY = None, None  # (slots, CHUNK) in the rows' dtype: the next rows' x and dy (prefetch)
+        if const_expr(prefetch):
+            staged = cute.make_ordered_layout((slots, chunk), order=(1, 0))
+            sX = smem.allocate_tensor(mX.element_type, staged, byte_alignment=16)
+            sdY = smem.allocate_tensor(mdY.element_type, staged, byte_alignment=16)
         first_row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         slot = tidx // tpr
         blocks = Int32(cute.ceil_div(rows, slots))  # blocks of `slots` consecutive rows (< 2^31: checked on the host)
@@ -232,6 +246,10 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                 if const_expr(accumulators[k]):
                     tAcc[k] = thr.partition_D(sAcc[k][slot, None])
                     tAcc[k].fill(0.0)
+            if const_expr(prefetch):  # this thread's slices of the staging buffers, and the first row's copy
+                g2s = row_copy_async(dtype, plan_).get_slice(lane)
+                tXsX, tdYsdY = g2s.partition_D(sX[slot, None]), g2s.partition_D(sdY[slot, None])
+                stage_rows(g2s, mX, mdY, tXsX, tdYsdY, first_row, rows, D, tXcX, chunk, vpt)
             for block in cutlass.range(bidx, blocks, ctas, unroll=1):
                 row = Int64(block) * slots + slot
                 n = Int32(0)
@@ -239,8 +257,13 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                     n = D
                 pred = chunk_predicate(tXcX, n, vpt)
                 mean, rstd = row_stats(mMean, mRstd, row, rows)
-                x = load_chunk(tiled_copy, thr, mX[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
-                dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
+                if const_expr(prefetch):  # the row arrived in shared memory during the previous one
+                    cute.arch.cp_async_wait_group(0)
+                    x = unstage(tiled_copy, tXsX, pred).load().to(Float32)
+                    dy = unstage(tiled_copy, tdYsdY, pred).load().to(Float32)
+                else:
+                    x = load_chunk(tiled_copy, thr, mX[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
+                    dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
                 xhat = (x - mean) * rstd
                 # the column sums first: dy is dead before the row reduction. (The warp sync keeps the
                 # compiler from promoting the accumulators to registers across rows: they stay in smem.)
@@ -249,6 +272,9 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                     tAcc[0].store(tAcc[0].load() + dy * xhat)
                 if const_expr(has_db):
                     tAcc[1].store(tAcc[1].load() + dy)
+                if const_expr(prefetch):  # x and dy are in registers (and used): the next row's copy may start
+                    stage_rows(g2s, mX, mdY, tXsX, tdYsdY, row + Int64(ctas) * slots, rows, D, tXcX, chunk,
+                               vpt)
                 if const_expr(has_dx):
                     # the weight is re-read for every row (an L1 hit) rather than held in registers
                     g = grad_terms(dy, _param(tiled_copy, thr, mW, 0, chunk, pred))
@@ -261,7 +287,7 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
             for k in cutlass.range_constexpr(2):
                 if const_expr(accumulators[k]):
                     partials = (mdW, mdB)[k]
-                    for col in cutlass.range(tidx, D, THREADS, unroll=1):
+                    for col in cutlass.range(tidx, D, plan_.threads, unroll=1):
                         total = Float32(0.0)
                         for s in cutlass.range(slots, unroll=8):
                             total += sAcc[k][s, col]
@@ -324,9 +350,41 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
         mdW = cute.make_tensor(pdW, partials) if const_expr(has_dw) else None
         mdB = cute.make_tensor(pdB, partials) if const_expr(has_db) else None
         norm_backward_kernel(mdY, mX, _vector(pW, D, plan_.vec), mMean, mRstd, mdX, mdW, mdB, rows, D,
-                             row_copy(dtype, plan_)).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+                             row_copy(dtype, plan_)).launch(grid=[ctas, 1, 1], block=[plan_.threads, 1, 1],
+                                                            stream=stream)
 
     return norm_backward_host
+
+
+def row_copy_async(dtype, plan_) -> cute.TiledCopy:
+    """``row_copy``'s thread layout with cp.async into shared memory (16-byte copies bypass L1)."""
+    bits = dtype.width * plan_.vec
+    cache = cpasync.LoadCacheMode.GLOBAL if bits == 128 else cpasync.LoadCacheMode.ALWAYS
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache), dtype, num_bits_per_copy=bits)
+    return cute.make_tiled_copy_tv(atom, cute.make_layout(plan_.tpr), cute.make_layout(plan_.vec))
+
+
+@cute.jit
+def stage_rows(thr_g2s, mX: cute.Tensor, mdY: cute.Tensor, tXsX: cute.Tensor, tdYsdY: cute.Tensor, row, rows,
+               D: Int32, tXcX: cute.Tensor, chunk: cutlass.Constexpr[int], vpt: cutlass.Constexpr[int]):
+    """Start copying row ``row`` of x and dy (its first ``chunk`` columns) into this thread's slices of
+    the staging buffers, nothing past the last row, as one cp.async group."""
+    n = Int32(0)
+    if row < rows:
+        n = D
+    pred = chunk_predicate(tXcX, n, vpt)
+    cute.copy(thr_g2s, thr_g2s.partition_S(cute.local_tile(mX[None, (row,)], (chunk,), (0,))), tXsX, pred=pred)
+    cute.copy(thr_g2s, thr_g2s.partition_S(cute.local_tile(mdY[None, (row,)], (chunk,), (0,))), tdYsdY, pred=pred)
+    cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def unstage(tiled_copy: cute.TiledCopy, tXsX: cute.Tensor, pred: cute.Tensor) -> cute.Tensor:
+    """This thread's slice of a staged row in registers; vectors off ``pred`` are 0."""
+    rX = cute.make_rmem_tensor_like(tXsX)
+    rX.fill(0.0)
+    cute.copy(tiled_copy, tXsX, rX, pred=pred)
+    return rX
 
 
 @cute.jit
@@ -470,6 +528,19 @@ def norm_forward(x, weight, bias, eps, center):
     return y, x2, mean, rstd
 
 
+def backward_launch(center: bool, itemsize: int, vec: int, tpr: int) -> tuple:
+    """``(threads, CTAs per SM, prefetch)`` of the backward for rows kept on chip (``itemsize``-byte
+    elements, ``vec`` per access, ``tpr`` threads a row). One CTA of 512 threads an SM holds the
+    rows two CTAs of 256 would and writes half as many partials: 1-2% faster than two CTAs at D = 8192
+    and up to 15% at 4096 (H100, benchmarks/results/h100-2026-11-25-session17). The exception,
+    measured the same way: layer_norm in 16 bits with a row across 256 threads (D > 4096), where two
+    CTAs of 256 that stage the next row in shared memory (cp.async, 4 bytes an access at least) beat
+    512 threads by 4%."""
+    if center and itemsize <= 2 and tpr == THREADS:
+        return THREADS, 2, itemsize * vec >= 4
+    return 2 * THREADS, 1, False
+
+
 def norm_backward(dout, x2, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)`` (None where ``needs`` says no); dout is shaped like x; x2 (N, D) and
     mean (None for rms_norm), rstd come from ``norm_forward``."""
@@ -482,7 +553,12 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     dy2 = rows_of(dout)
     row_tensors = (dy2, x2) + ((dx.view(n, d),) if dx is not None else ())
     vec, plan_, args = _rows(op_name(mean), row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
-    ctas = max(1, min(-(-n // plan_.rows), CTAS_PER_SM * _reduce.sm_count(device)))
+    per_sm, prefetch = CTAS_PER_SM, False
+    if plan_.one_pass:
+        threads, per_sm, prefetch = LAUNCH_OVERRIDE or backward_launch(mean is not None, x2.element_size(), vec,
+                                                                        plan_.tpr)
+        plan_ = plan_._replace(threads=threads)
+    ctas = max(1, min(-(-n // plan_.rows), per_sm * _reduce.sm_count(device)))
     sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
     partials = torch.empty(sets, ctas, d, dtype=torch.float32, device=device) if sets else None
     dw = partials[0] if needs[1] else None
@@ -490,7 +566,7 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     pointer, size = _compile.pointer, x2.element_size()
     _compile.launch(_norm_backward_factory,
                     (mean is not None, _compile.DTYPES[dtype], plan_, weight is not None, dx is not None,
-                     dw is not None, db is not None),
+                     dw is not None, db is not None, prefetch),
                     _compile.stream(device), pointer(dy2, vec * size), pointer(x2, vec * size),
                     None if weight is None else pointer(weight, vec * size), None if mean is None else pointer(mean, 4),
                     pointer(rstd, 4), None if dx is None else pointer(dx, vec * size),

@@ -130,10 +130,11 @@ class Plan(NamedTuple):
     units: tuple = ()  # per operand: its column stride is 1 (a compile-time 1, the others are runtime)
     across: bool = False  # a row's threads are ROWS apart (consecutive threads on consecutive rows)
     cluster: int = 1  # CTAs per row (a cluster of them, see split_rows); each sweeps its share of the chunks
+    threads: int = THREADS  # threads per CTA
 
     @property
     def rows(self) -> int:  # rows per CTA (1 with a cluster per row)
-        return THREADS // self.tpr
+        return self.threads // self.tpr
 
     @property
     def chunk(self) -> int:  # columns per chunk
@@ -268,7 +269,8 @@ def reduction_buffer(plan_: Plan, values: int, stages: int = 1):
     if const_expr(plan_.tpr <= _reduce.WARP and not plan_.across):
         return None
     smem = cutlass.memory.SmemAllocator()
-    shape = (plan_.tpr, plan_.rows, values) if const_expr(plan_.across) else (stages, THREADS // _reduce.WARP, values)
+    warps = plan_.threads // _reduce.WARP
+    shape = (plan_.tpr, plan_.rows, values) if const_expr(plan_.across) else (stages, warps, values)
     return smem.allocate_tensor(Float32, cute.make_ordered_layout(shape, order=(2, 1, 0)), byte_alignment=16)
 
 
