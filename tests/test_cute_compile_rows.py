@@ -60,6 +60,10 @@ def test_softmax_kernels_compile(monkeypatch, op, dtype, layout):
     if layout == "contiguous":  # aligned rows of 1024 elements: 128-bit accesses; columns: threads across rows
         assert max(vecs) == 16 // x.element_size()
         assert any(p.across for p in plans(seen, "_softmax_backward_factory"))
+    # the backward's CTAs over rows kept in registers have 512 threads, the others (and the forward's) 256
+    for p in plans(seen, "_softmax_backward_factory"):
+        assert p.threads == (512 if p.one_pass and not p.across and p.vpt * p.vec <= _rows.VALUES else 256)
+    assert {p.threads for p in plans(seen, "_softmax_factory")} == {256}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -17,6 +17,12 @@ per SM, the next row staged in shared memory; "config" is ``backward_launch``'s 
 triton, in the same interleaved rounds, with each kernel's device time at D = 8192; every variant's
 gradients are compared with torch's and with two CTAs of 256 threads'. Session 17 also measured a
 named barrier per row slot at 512 threads (slower: 0.586 against 0.582 ms, layer_norm bf16).
+
+``--row-variants``: the softmax forward and backward (bf16 and f32, ``--dims``) with the shipped
+plans ("config") and with 256-thread CTAs, against triton (in session 17 "config" was 512-thread
+CTAs over rows kept in registers in both directions; the forward has kept 256 since). Session 17 also measured a row across all 512 threads (16 elements a thread: 0.5262 ms
+backward bf16 against 0.5261 for two rows of 256; the cross_entropy forward 0.197 / 0.192 ms against
+0.1907 with 256 threads: not adopted there).
 """
 import argparse
 import json
@@ -26,8 +32,10 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from kcourse.blas.cute import _norm, cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms
-from kcourse.blas.triton import cross_entropy as triton_ce, layer_norm as triton_ln, rms_norm as triton_rms
+from kcourse.blas.cute import (_norm, _rows, cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms,
+                               softmax as cute_sm)
+from kcourse.blas.triton import (cross_entropy as triton_ce, layer_norm as triton_ln, rms_norm as triton_rms,
+                                 softmax as triton_sm)
 
 N, V = 32768, 8192
 
@@ -150,10 +158,54 @@ def norm_variants_case(op, dtype, d, profile):
     return row
 
 
+ROW_VARIANTS = {  # name: a plan override for the softmax kernels (None: the shipped plans)
+    "config": None, "256": lambda p: p._replace(threads=256)}
+ROW_FACTORIES = ("_softmax_factory", "_softmax_backward_factory")
+
+
+def _rows_with(variant, fn):
+    """``fn`` run with the row kernels' plans overridden by ``variant`` (then restored)."""
+    def run():
+        saved = dict(_rows.PLAN_OVERRIDE)
+        if ROW_VARIANTS[variant] is not None:
+            _rows.PLAN_OVERRIDE.update({name: ROW_VARIANTS[variant] for name in ROW_FACTORIES})
+        try:
+            return fn()
+        finally:
+            _rows.PLAN_OVERRIDE.clear()
+            _rows.PLAN_OVERRIDE.update(saved)
+    return run
+
+
+def row_variants_case(op, dtype, d, profile):
+    """softmax forward or backward on 2^28 / d rows of d: triton and each variant."""
+    torch.manual_seed(0)
+    n = 2**28 // d
+    x = torch.randn(n, d, device="cuda", dtype=dtype) * 4
+    dy = torch.randn(n, d, device="cuda", dtype=dtype)
+    if op == "softmax fwd":
+        ref = torch.softmax(x.float(), -1)
+        t_fn, c_fn = (lambda: triton_sm.softmax(x, -1)[0]), (lambda: cute_sm.softmax(x, -1)[0])
+    else:
+        y = torch.softmax(x.float(), -1).to(dtype)
+        ref = y.float() * (dy.float() - (y.float() * dy.float()).sum(-1, keepdim=True))
+        t_fn = lambda: triton_sm.softmax_backward(dy, (y,), (True,), -1)[0]  # noqa: E731
+        c_fn = lambda: cute_sm.softmax_backward(dy, (y,), (True,), -1)[0]  # noqa: E731
+    fns = {"triton": t_fn, **{name: _rows_with(name, c_fn) for name in ROW_VARIANTS}}
+    errors = {name: round((fn().float() - ref).abs().max().item(), 5) for name, fn in fns.items()}
+    size = torch.tensor([], dtype=dtype).element_size()
+    row = {"op": f"{op} {str(dtype)[6:]}", "shape": [n, d], "errors vs float32": errors, "ms": timed(fns),
+           "bytes": (2 if op == "softmax fwd" else 3) * n * d * size}
+    if profile:
+        row["kernels us"] = {name: kernel_times(fns[name]) for name in fns}
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--norm-variants", action="store_true")
+    parser.add_argument("--row-variants", action="store_true", help="the softmax launches instead (--dims)")
     parser.add_argument("--dims", default="8192", help="--norm-variants: row lengths, comma-separated")
     parser.add_argument("--ops", default="layer_norm:bfloat16,layer_norm:float32,rms_norm:bfloat16",
                         help="--norm-variants: op:dtype pairs, comma-separated")
@@ -170,6 +222,10 @@ def main():
         pairs = [item.split(":") for item in args.ops.split(",")]
         cases = [lambda op=op, dtype=dtype, d=d: norm_variants_case(op, getattr(torch, dtype), d, d == 8192)
                  for d in map(int, args.dims.split(",")) for op, dtype in pairs]
+    if args.row_variants:
+        cases = [lambda op=op, dtype=dtype, d=d: row_variants_case(op, dtype, d, d == 8192)
+                 for d in map(int, args.dims.split(",")) for op in ("softmax bwd", "softmax fwd")
+                 for dtype in (torch.bfloat16, torch.float32)]
     for case in cases:
         row = case()
         row["fraction of copy"] = {name: round(row["bytes"] / t / 1e6 / meta["copy_gbs"], 4)

@@ -33,7 +33,11 @@ values gives the thread of lane ``k`` in its row the VPT vectors at columns ``k 
 j < VPT, so a warp's j-th accesses cover 32 consecutive vectors (512 bytes at 16-byte vectors: fully
 coalesced). TPR grows with N so that a thread holds about ``VALUES = 32`` elements (all 256 threads
 on one row past N = 4096); short rows put many rows in a CTA (TPR = 1: a row per thread). With
-scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds about 16.
+scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds about 16. The
+softmax backward's CTAs over rows kept in registers, at most ``VALUES`` elements a thread, have
+``BACKWARD_THREADS = 512`` threads (``Plan.threads``): twice the rows, the same work per thread
+(docs/softmax.md: 0.5-1% faster; the forward in float32 was 1-2% slower so); the norm backward
+picks its own (``_norm.backward_launch``).
 
 - N <= ``MAX_ONE_PASS`` (16384; 8192 with scalar accesses): one chunk covers the row (VPT rounded
   up to a power of two, at most 64 elements per thread); the row is read once and kept in
@@ -114,6 +118,8 @@ MAX_N = 2**31 - 2**24  # row lengths (and column indices) are 32-bit
 ACROSS_ROWS = 32  # rows per CTA when a row's threads are spread across warps (Plan.across)
 CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable cluster
 CLUSTER_OVERRIDE = None  # an int: split_rows uses this many CTAs per row wherever it can (tests, benchmarks)
+PLAN_OVERRIDE = {}  # factory name -> function of the plan: the plan its launches use instead (benchmarks)
+BACKWARD_THREADS = 512  # softmax backward: CTAs over rows kept in registers, at most VALUES elements a thread
 LOG2E = math.log2(math.e)
 NEG_INF = float("-inf")
 
@@ -573,7 +579,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
     def softmax_host(stream: cuda.CUstream, pX: cute.Pointer, pY: cute.Pointer, M: Int64, N: Int32, *args):
         (mX, mY), sizes = row_views((pX, pY), N, rank, plan_, args)
         softmax_kernel(mX, mY, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=row_grid(M, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            grid=row_grid(M, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return softmax_host
 
@@ -634,15 +640,17 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                               M: Int64, N: Int32, *args):
         (mY, mdY, mdX), sizes = row_views((pY, pdY, pdX), N, rank, plan_, args)
         softmax_backward_kernel(mY, mdY, mdX, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=row_grid(M, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            grid=row_grid(M, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return softmax_backward_host
 
 
-def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int) -> torch.Tensor:
+def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int,
+                threads: int = THREADS) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
     ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
-    ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``)."""
+    ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``);
+    ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
@@ -662,6 +670,10 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
     plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, _reduce.sm_count(out.device), share)
+    if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
+            and plan_.vpt * plan_.vec <= VALUES:
+        plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
+    plan_ = PLAN_OVERRIDE.get(factory.__name__, lambda p: p)(plan_)
     args = row_arguments(row_shape, row_strides, col_strides)
     itemsize = out.element_size()
     _compile.launch(factory, (log, _compile.DTYPES[out.dtype], len(row_shape), plan_),
@@ -680,5 +692,5 @@ def softmax_rows_backward(op: str, dy: torch.Tensor, cache, needs, dim: int, log
     """The cute ``softmax_backward``/``log_softmax_backward``: ``(dx,)`` (None if not needed)."""
     (y,) = cache
     # the backward holds y and dy: half the forward's share of a long row per CTA
-    return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log, share=MAX_ONE_PASS // 2)
-            if needs[0] else None,)
+    return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log, share=MAX_ONE_PASS // 2,
+                        threads=BACKWARD_THREADS) if needs[0] else None,)

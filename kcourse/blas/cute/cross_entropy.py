@@ -61,7 +61,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import _compile, _reduce
-from ._rows import (LOG2E, NEG_INF, THREADS, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
+from ._rows import (LOG2E, NEG_INF, PLAN_OVERRIDE, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_lse, combine_max, combine_sum, exp2f,
                     load_chunk, online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster,
                     row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce, shift_of,
@@ -158,7 +158,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
         mLse = cute.make_tensor(pLse, cute.make_layout((rows,)))
         mLoss = cute.make_tensor(pLoss, cute.make_layout((rows,)))
         cross_entropy_kernel(mX, mT, mLse, mLoss, rows, V, ignore_index, row_copy(dtype, plan_)).launch(
-            grid=row_grid(rows, plan_), block=[THREADS, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            grid=row_grid(rows, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return cross_entropy_host
 
@@ -291,7 +291,7 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
             mNValid = cute.make_tensor(pNValid, cute.make_layout((1,)))
         cross_entropy_backward_kernel(mX, mT, mLse, mdOut, mNValid, mdX, rows, V, ignore_index,
                                       row_copy(dtype, plan_)).launch(
-            grid=row_grid(rows, plan_), block=[THREADS, 1, 1], stream=stream)
+            grid=row_grid(rows, plan_), block=[plan_.threads, 1, 1], stream=stream)
 
     return cross_entropy_backward_host
 
@@ -333,6 +333,7 @@ def cross_entropy(logits, target, ignore_index, reduction):
     loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
     if N:
         vec, plan_, args = _rows_of("cross_entropy", (logits,))
+        plan_ = PLAN_OVERRIDE.get("_cross_entropy_factory", lambda p: p)(plan_)
         pointer = _compile.pointer
         _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],
                                                  _compile.DTYPES[loss.dtype], plan_),
