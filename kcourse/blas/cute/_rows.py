@@ -35,9 +35,9 @@ coalesced). TPR grows with N so that a thread holds about ``VALUES = 32`` elemen
 on one row past N = 4096); short rows put many rows in a CTA (TPR = 1: a row per thread). With
 scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds about 16. The
 softmax backward's CTAs over rows kept in registers, at most ``VALUES`` elements a thread, have
-``BACKWARD_THREADS = 512`` threads (``Plan.threads``): twice the rows, the same work per thread
-(docs/softmax.md: 0.5-1% faster; the forward in float32 was 1-2% slower so); the norm backward
-picks its own (``_norm.backward_launch``).
+``BACKWARD_THREADS = 512`` threads (``Plan.threads``): twice the rows, the same work per thread,
+0.5-1% faster (docs/softmax.md; the forward keeps 256: its float32 rows ran 1-2% slower at 512);
+the norm backward picks its own (``_norm.backward_launch``).
 
 - N <= ``MAX_ONE_PASS`` (16384; 8192 with scalar accesses): one chunk covers the row (VPT rounded
   up to a power of two, at most 64 elements per thread); the row is read once and kept in

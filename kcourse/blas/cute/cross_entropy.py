@@ -61,7 +61,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import _compile, _reduce
-from ._rows import (LOG2E, NEG_INF, PLAN_OVERRIDE, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
+from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_lse, combine_max, combine_sum, exp2f,
                     load_chunk, online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster,
                     row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce, shift_of,
@@ -333,7 +333,6 @@ def cross_entropy(logits, target, ignore_index, reduction):
     loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
     if N:
         vec, plan_, args = _rows_of("cross_entropy", (logits,))
-        plan_ = PLAN_OVERRIDE.get("_cross_entropy_factory", lambda p: p)(plan_)
         pointer = _compile.pointer
         _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],
                                                  _compile.DTYPES[loss.dtype], plan_),
