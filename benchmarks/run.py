@@ -768,7 +768,8 @@ def metadata(args, backends: list[str], timer_text: str) -> dict:
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         sdpa_enabled={k: getattr(torch.backends.cuda, f"{k}_sdp_enabled")()
                       for k in ("flash", "mem_efficient", "cudnn", "math")},
-        timer=timer_text, targets=TARGETS, backend_targets=BACKEND_TARGETS, eager_target=EAGER_TARGET, python_max=PYTHON_MAX,
+        timer=timer_text, targets=TARGETS, backend_targets=BACKEND_TARGETS, eager_target=EAGER_TARGET,
+        python_max=PYTHON_MAX,
         x_labels={name: op.x_label or X_LABELS[op.level] for name, op in OPS.items()},
         notes=run_notes(args),
     )

@@ -20,9 +20,10 @@ named barrier per row slot at 512 threads (slower: 0.586 against 0.582 ms, layer
 
 ``--row-variants``: the softmax forward and backward (bf16 and f32, ``--dims``) with the shipped
 plans ("config") and with 256-thread CTAs, against triton (in session 17 "config" was 512-thread
-CTAs over rows kept in registers in both directions; the forward has kept 256 since). Session 17 also measured a row across all 512 threads (16 elements a thread: 0.5262 ms
-backward bf16 against 0.5261 for two rows of 256; the cross_entropy forward, through a plan hook
-since removed, 0.197 / 0.192 ms against 0.1907 with 256 threads: not adopted there).
+CTAs over rows kept in registers in both directions; the forward has kept 256 since). Session 17
+also measured a row across all 512 threads (16 elements a thread: 0.5262 ms backward bf16 against
+0.5261 for two rows of 256) and, through a plan hook since removed, the cross_entropy forward at 512
+threads (0.197 / 0.192 ms against 0.1907 with 256: not adopted).
 """
 import argparse
 import json

@@ -204,7 +204,8 @@ def gemm_(A, B, C, alpha=1.0, beta=0.0, backend=None):
 
 def _run_gemm(A, B, C, alpha, beta, backend, out=None):
     """Expand the operands to the output's rank (stride-0 views, no copies) and run the kernel."""
-    batch = () if A.dim() == B.dim() == 2 else (max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1),)
+    batch = () if A.dim() == B.dim() == 2 else (max(A.shape[0] if A.dim() == 3 else 1,
+                                                    B.shape[0] if B.dim() == 3 else 1),)
     out_shape = (*batch, A.shape[-2], B.shape[-1])
     if batch:
         A, B = A.expand(*batch, *A.shape[-2:]), B.expand(*batch, *B.shape[-2:])

@@ -1,4 +1,5 @@
-"""attention: fused flash attention (FlashAttention-3 on Hopper, FlashAttention-2 on mma.sync), forward and backward, in CuTe.
+"""attention: fused flash attention (FlashAttention-3 on Hopper, FlashAttention-2 on mma.sync), forward and
+backward, in CuTe.
 
 Per (batch, query head h), with q (Tq, D), the kv head's k and v (Tk, D), c = scale and the causal
 mask (query i sees keys j <= i, top-left aligned, also when Tq != Tk, as SDPA's ``is_causal``):

@@ -119,7 +119,8 @@ def _geru_factory(dtype, layout: str, vec: int, threads_per_row: int):
             if const_expr(layout == "rows"):  # unit column strides, row strides and n multiples of VEC
                 shape = (m, cute.assume(n, divby=vec))
                 mA = cute.make_tensor(pA, cute.make_layout(shape, stride=(cute.assume(a_row_stride, divby=vec), 1)))
-                mOut = cute.make_tensor(pOut, cute.make_layout(shape, stride=(cute.assume(out_row_stride, divby=vec), 1)))
+                out_stride = (cute.assume(out_row_stride, divby=vec), 1)
+                mOut = cute.make_tensor(pOut, cute.make_layout(shape, stride=out_stride))
             else:
                 mA = cute.make_tensor(pA, cute.make_layout((m, n), stride=(a_row_stride, a_col_stride)))
                 mOut = cute.make_tensor(pOut, cute.make_layout((m, n), stride=(out_row_stride, out_col_stride)))

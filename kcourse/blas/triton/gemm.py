@@ -40,9 +40,9 @@ if INTERPRET:  # one small config: the interpreter would take minutes to autotun
 else:  # tuned for H100; configs that do not fit in shared memory are skipped by the autotuner
     CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
                              num_warps=w, num_stages=s)
-               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-                                        (128, 128, 64, 4, 4), (64, 256, 32, 4, 4), (128, 64, 32, 4, 4),
-                                        (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
+               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+                                        (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (64, 256, 32, 4, 4),
+                                        (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
 @triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
