@@ -70,10 +70,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from ._compile import DTYPES
-from ._reduce import predicate
+from ._reduce import async_copy_atom, predicate
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -182,12 +182,9 @@ class Tiles:
         return cute.make_layout((THREADS // per_row, per_row), stride=(per_row, 1))
 
     def g2s(self):
-        """cp.async tiled copy: threads along the head dim, ``vec`` elements (4, 8 or 16 bytes) each;
-        16-byte copies bypass L1 (.cg, the only size .cg takes), narrower ones go through it (.ca)."""
-        bits = self.dtype.width * self.vec
-        cache = cpasync.LoadCacheMode.GLOBAL if bits == 128 else cpasync.LoadCacheMode.ALWAYS
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache), self.dtype, num_bits_per_copy=bits)
-        return cute.make_tiled_copy_tv(atom, self._thread_layout(), cute.make_layout((1, self.vec)))
+        """cp.async tiled copy: threads along the head dim, ``vec`` elements (4, 8 or 16 bytes) each."""
+        return cute.make_tiled_copy_tv(async_copy_atom(self.dtype, self.vec), self._thread_layout(),
+                                       cute.make_layout((1, self.vec)))
 
     def s2g(self):
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,

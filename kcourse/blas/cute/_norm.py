@@ -57,11 +57,11 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cute.nvgpu import cpasync
 
 from . import _compile, _reduce
 from ._rows import (MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk, masked, plan,
-                    reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views, store_chunk)
+                    reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views, store_chunk,
+                    to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -248,7 +248,7 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                     tAcc[k] = thr.partition_D(sAcc[k][slot, None])
                     tAcc[k].fill(0.0)
             if const_expr(prefetch):  # this thread's slices of the staging buffers, and the first row's copy
-                g2s = row_copy_async(dtype, plan_).get_slice(lane)
+                g2s = row_copy(dtype, plan_, to_shared=True).get_slice(lane)
                 tXsX, tdYsdY = g2s.partition_D(sX[slot, None]), g2s.partition_D(sdY[slot, None])
                 stage_rows(g2s, mX, mdY, tXsX, tdYsdY, first_row, rows, D, tXcX, chunk, vpt)
             for block in cutlass.range(bidx, blocks, ctas, unroll=1):
@@ -260,8 +260,8 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                 mean, rstd = row_stats(mMean, mRstd, row, rows)
                 if const_expr(prefetch):  # the row arrived in shared memory during the previous one
                     cute.arch.cp_async_wait_group(0)
-                    x = unstage(tiled_copy, tXsX, pred).load().to(Float32)
-                    dy = unstage(tiled_copy, tdYsdY, pred).load().to(Float32)
+                    x = to_registers(tiled_copy, tXsX, pred, 0.0).load().to(Float32)
+                    dy = to_registers(tiled_copy, tdYsdY, pred, 0.0).load().to(Float32)
                 else:
                     x = load_chunk(tiled_copy, thr, mX[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
                     dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
@@ -357,14 +357,6 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
     return norm_backward_host
 
 
-def row_copy_async(dtype, plan_) -> cute.TiledCopy:
-    """``row_copy``'s thread layout with cp.async into shared memory (16-byte copies bypass L1)."""
-    bits = dtype.width * plan_.vec
-    cache = cpasync.LoadCacheMode.GLOBAL if bits == 128 else cpasync.LoadCacheMode.ALWAYS
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache), dtype, num_bits_per_copy=bits)
-    return cute.make_tiled_copy_tv(atom, cute.make_layout(plan_.tpr), cute.make_layout(plan_.vec))
-
-
 @cute.jit
 def stage_rows(thr_g2s, mX: cute.Tensor, mdY: cute.Tensor, tXsX: cute.Tensor, tdYsdY: cute.Tensor, row, rows,
                D: Int32, tXcX: cute.Tensor, chunk: cutlass.Constexpr[int], vpt: cutlass.Constexpr[int]):
@@ -377,15 +369,6 @@ def stage_rows(thr_g2s, mX: cute.Tensor, mdY: cute.Tensor, tXsX: cute.Tensor, td
     cute.copy(thr_g2s, thr_g2s.partition_S(cute.local_tile(mX[None, (row,)], (chunk,), (0,))), tXsX, pred=pred)
     cute.copy(thr_g2s, thr_g2s.partition_S(cute.local_tile(mdY[None, (row,)], (chunk,), (0,))), tdYsdY, pred=pred)
     cute.arch.cp_async_commit_group()
-
-
-@cute.jit
-def unstage(tiled_copy: cute.TiledCopy, tXsX: cute.Tensor, pred: cute.Tensor) -> cute.Tensor:
-    """This thread's slice of a staged row in registers; vectors off ``pred`` are 0."""
-    rX = cute.make_rmem_tensor_like(tXsX)
-    rX.fill(0.0)
-    cute.copy(tiled_copy, tXsX, rX, pred=pred)
-    return rX
 
 
 @cute.jit

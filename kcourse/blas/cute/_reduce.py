@@ -26,6 +26,7 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+from cutlass.cute.nvgpu import cpasync
 
 WARP = 32
 VECTOR_BYTES = 16  # a 128-bit access
@@ -62,6 +63,14 @@ def _sm_count(device_index: int | None) -> int:
 def copy_atom(dtype, vec: int):
     """A copy atom that moves ``vec`` elements of ``dtype`` in one access (``ld/st.global.v4`` at 16 bytes)."""
     return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=dtype.width * vec)
+
+
+def async_copy_atom(dtype, vec: int):
+    """``copy_atom`` as a cp.async from global into shared memory (4, 8 or 16 bytes): 16-byte copies
+    bypass L1 (.cg, the only size .cg takes), narrower ones go through it (.ca)."""
+    bits = dtype.width * vec
+    cache = cpasync.LoadCacheMode.GLOBAL if bits == 128 else cpasync.LoadCacheMode.ALWAYS
+    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache), dtype, num_bits_per_copy=bits)
 
 
 def reduction_buffer(num_warps: int) -> cute.Tensor:

@@ -263,9 +263,11 @@ def row_views(pointers, n, rank: int, plan_: Plan, args) -> tuple[list, list]:
     return views, list(reversed(shape[1:]))
 
 
-def row_copy(dtype, plan_: Plan) -> cute.TiledCopy:
-    """The TiledCopy of one row's TPR threads: VEC consecutive elements per access (see the module doc)."""
-    return cute.make_tiled_copy_tv(_reduce.copy_atom(dtype, plan_.vec), cute.make_layout(plan_.tpr),
+def row_copy(dtype, plan_: Plan, to_shared: bool = False) -> cute.TiledCopy:
+    """The TiledCopy of one row's TPR threads: VEC consecutive elements per access (see the module
+    doc); ``to_shared``: as cp.async into shared memory."""
+    atom = _reduce.async_copy_atom(dtype, plan_.vec) if to_shared else _reduce.copy_atom(dtype, plan_.vec)
+    return cute.make_tiled_copy_tv(atom, cute.make_layout(plan_.tpr),
                                    cute.make_layout(plan_.vec))
 
 
@@ -292,10 +294,15 @@ def chunk_predicate(tXcX: cute.Tensor, limit, vpt: cutlass.Constexpr[int]) -> cu
 def load_chunk(tiled_copy: cute.TiledCopy, thr, row: cute.Tensor, index, chunk: cutlass.Constexpr[int],
                pred: cute.Tensor, fill) -> cute.Tensor:
     """Chunk ``index`` of ``row`` into registers, ``((VEC, 1), VPT)``; vectors off ``pred`` hold ``fill``."""
-    tXgX = thr.partition_S(cute.local_tile(row, (chunk,), (index,)))
-    rX = cute.make_rmem_tensor_like(tXgX)
+    return to_registers(tiled_copy, thr.partition_S(cute.local_tile(row, (chunk,), (index,))), pred, fill)
+
+
+def to_registers(tiled_copy: cute.TiledCopy, tXsX: cute.Tensor, pred: cute.Tensor, fill) -> cute.Tensor:
+    """A thread's slice ``tXsX`` of a chunk (in global or shared memory) in registers; vectors off
+    ``pred`` hold ``fill``."""
+    rX = cute.make_rmem_tensor_like(tXsX)
     rX.fill(fill)
-    cute.copy(tiled_copy, tXgX, rX, pred=pred)
+    cute.copy(tiled_copy, tXsX, rX, pred=pred)
     return rX
 
 
