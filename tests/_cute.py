@@ -29,3 +29,10 @@ def compiled_kernels(monkeypatch) -> list:
 
     monkeypatch.setattr(_compile, "compile_only", spy)
     return seen
+
+
+def fresh_plans(monkeypatch, module, *names):
+    """Give ``module``'s planners ``names`` (``_compile.plan_cache``) an empty cache for the test: plans
+    made under a decision the test patches must not outlive it, nor plans made before be used under it."""
+    for name in names:
+        monkeypatch.setattr(module, name, _compile.plan_cache(getattr(module, name).__wrapped__))

@@ -24,7 +24,7 @@ from cutlass.cute.runtime import make_ptr  # noqa: E402
 from kcourse.blas.cute import _attention_bwd_sm90, _attention_fwd, _attention_fwd_sm90, _compile  # noqa: E402
 from kcourse.blas.cute import attention as cute_attention  # noqa: E402
 from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E402
-from _cute import compiled_kernels  # noqa: E402
+from _cute import compiled_kernels, fresh_plans  # noqa: E402
 
 FACTORIES = ("_fwd_factory", "_delta_factory", "_dkdv_factory", "_dq_factory")
 HOPPER = ("_AttentionFwdSm90", "_Preprocess", "_AttentionBwdSm90", "_Postprocess")
@@ -76,6 +76,7 @@ def no_hopper_kernels(monkeypatch):
     backward under torch.use_deterministic_algorithms)."""
     monkeypatch.setattr(cute_attention, "sm90_supports", lambda *args: False)
     monkeypatch.setattr(cute_attention, "sm90_bwd_supports", lambda *args: False)
+    fresh_plans(monkeypatch, cute_attention, "_forward_plan", "_backward_plan")
 
 
 @pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "mma.sync"])

@@ -131,6 +131,9 @@ def test_one_row_and_empty(backend):
     y, dx, dweight, dbias = run(kcourse_ln(backend), x, weight, bias, dy)
     assert y.shape == dx.shape == (0, 33)
     assert torch.equal(dweight, torch.zeros_like(weight)) and torch.equal(dbias, torch.zeros_like(bias))
+    x, weight, bias, dy = inputs((3, 4, 0))  # rows of no columns: empty outputs, as torch's
+    y, dx, dweight, dbias = run(kcourse_ln(backend), x, weight, bias, dy)
+    assert y.shape == dx.shape == (3, 4, 0) and dweight.shape == dbias.shape == (0,)
 
 
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),

@@ -108,6 +108,9 @@ def test_one_row_and_empty(backend):
     y, dx, dweight = run(kcourse_rms(backend), x, weight, dy)
     assert y.shape == dx.shape == (0, 33)
     assert torch.equal(dweight, torch.zeros_like(weight))
+    x, weight, dy = inputs((3, 4, 0))  # rows of no columns: empty outputs, as torch's
+    y, dx, dweight = run(kcourse_rms(backend), x, weight, dy)
+    assert y.shape == dx.shape == (3, 4, 0) and dweight.shape == (0,)
 
 
 @pytest.mark.parametrize("needs", [(True, False), (False, True)])

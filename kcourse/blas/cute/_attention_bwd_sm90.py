@@ -133,34 +133,51 @@ def config(D: int, causal: bool, Tk: int) -> dict:
     return {"persistent": paired, "paired": paired, "tma_store": tma_store}
 
 
-def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float, **variant) -> None:
-    """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
-    takes them (dout, say, the transposed view a model's output projection hands back, read in place);
-    out (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
-    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``variant`` overrides
-    entries of ``config`` (for measurements)."""
+def plan(q, k, v, dout, causal: bool, scale: float, sms: int, **variant) -> tuple:
+    """``(key, dout_strides, numbers)`` of the launches for q, k, v, dout (tensors, or their
+    ``_compile.Operand`` stand-ins) as ``supports`` takes them and new contiguous dk, dv: the main
+    kernel's compile key, dout's TMA strides (the preprocess reads it through them) and the main
+    kernel's runtime numbers after its pointers. ``sms``: the device's SM count; ``variant``
+    overrides entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     c = {**config(D, causal, Tk), **variant}
     n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
     units = (-(-n_blocks // 2) if c["paired"] else n_blocks) * Hkv * B
-    ctas = min(units, sm_count(q.device)) if c["persistent"] else units
-    m_tiles = -(-Tq // TILE_M)
+    ctas = min(units, sms) if c["persistent"] else units
+    kv_strides = (Hkv * Tk * D, Tk * D, D)  # dk and dv: new contiguous (B, Hkv, Tk, D) tensors
+    dout_strides = tma_strides(dout)
+    numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *dout_strides,
+               *kv_strides, *kv_strides, scale * LOG2E, scale, ctas)
+    return (q.dtype, D, causal, c["paired"], c["tma_store"]), dout_strides, numbers
+
+
+def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float,
+                       planned: tuple | None = None, **variant) -> None:
+    """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
+    takes them (dout, say, the transposed view a model's output projection hands back, read in place);
+    out (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
+    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``planned``: ``plan``'s
+    answer for these operands (the cute attention caches it per layout), else worked out here with
+    ``variant`` (overrides of ``config``, for measurements)."""
+    B, H, Tq, D = q.shape
+    key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), **variant)
+    rows = B * H * -(-Tq // TILE_M) * TILE_M  # lse2 and delta: (B, H, Tq) padded to whole tiles
     dev = _compile.stream_of(q)
     pointer = _compile.pointer
-    lse2 = torch.empty((B, H, m_tiles * TILE_M), dtype=torch.float32, device=q.device)
-    delta = torch.empty_like(lse2)
-    dq_accum = torch.empty(B * H * m_tiles * TILE_M * D, dtype=torch.float32, device=q.device)
-    _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), pointer(dout, 16), pointer(lse, 4),
-                    pointer(lse2, 16), pointer(delta, 16), pointer(dq_accum, 16), B, H, Tq, *tma_strides(dout), dev)
-    _compile.launch(_AttentionBwdSm90, (q.dtype, D, causal, c["paired"], c["tma_store"]),
-                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(dout, 16), pointer(lse2, 16),
-                    pointer(delta, 16), pointer(dq_accum, 16), pointer(dk, 16), pointer(dv, 16),
-                    B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *tma_strides(dout),
-                    *dk.stride()[:3], *dv.stride()[:3], scale * LOG2E, scale, ctas, dev)
+    # scratch the three kernels hand on: lse2 and delta (the workspace, reused call to call), and
+    # dQ's float32 sums (twice dq's size: allocated per call, so that it is not held between calls)
+    scratch = _compile.workspace((_AttentionBwdSm90, key), q, 2 * rows)
+    lse2, delta = pointer(scratch, 16), pointer(scratch, 16, offset=rows)
+    accum = q.new_empty(rows * D, dtype=torch.float32)  # (referenced until the launches are made)
+    dq_accum = pointer(accum, 16)
+    dout_ = pointer(dout, 16)
+    _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), dout_, pointer(lse, 4), lse2, delta, dq_accum,
+                    B, H, Tq, *dout_strides, dev)
+    _compile.launch(_AttentionBwdSm90, key, pointer(q, 16), pointer(k, 16), pointer(v, 16), dout_, lse2, delta,
+                    dq_accum, pointer(dk, 16), pointer(dv, 16), *numbers, dev)
     if dq is not None:
-        _compile.launch(_Postprocess, (q.dtype, D), pointer(dq_accum, 16), pointer(dq, 16), B, H, Tq,
-                        scale, dev)
+        _compile.launch(_Postprocess, (q.dtype, D), dq_accum, pointer(dq, 16), B, H, Tq, scale, dev)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -232,29 +232,44 @@ def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, d
     return table
 
 
-def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, **variant) -> None:
-    """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
-    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``variant`` overrides
-    entries of ``config`` (for measurements)."""
+def plan(q, k, v, causal: bool, scale: float, sms: int, **variant) -> tuple:
+    """``(key, numbers, walk)`` of the launch for q, k, v (tensors, or their ``_compile.Operand``
+    stand-ins) as ``supports`` takes them and a new contiguous out: the compile key, the runtime
+    numbers after the pointers and the table's width, and ``schedule_table``'s arguments but the
+    device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``variant``
+    overrides entries of ``config`` (for measurements)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     c = {**config(D, causal, Tq), **variant}
-    sms, table = sm_count(q.device), lse  # lse: any int32-aligned pointer where no table is read
+    walk = None
     if c["scheduled"]:  # a persistent CTA per SM (or per unit, if fewer) walking its row of the table
         m_tiles = -(-Tq // 128)
         sms = min(sms, -(-m_tiles // 2) * H * B)
-        table = schedule_table(m_tiles, H * B, Tk, causal, sms, q.device)
+        walk = (m_tiles, H * B, Tk, causal, sms)
+    key = (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"], c["pingpong"], c["overlap"], c["q_stages"],
+           c["k_stages"], c["v_stages"], c["tma_store"], c["scheduled"])
+    numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), H * Tq * D, Tq * D, D,
+               scale * math.log2(math.e), sms)
+    return key, numbers, walk
+
+
+def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, planned: tuple | None = None,
+                       **variant) -> None:
+    """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
+    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``planned``: ``plan``'s
+    answer for these operands (the cute attention caches it per layout), else worked out here with
+    ``variant`` (overrides of ``config``, for measurements)."""
+    key, numbers, walk = planned or plan(q, k, v, causal, scale, sm_count(q.device), **variant)
+    table = lse  # any int32-aligned pointer where no table is read
+    if walk is not None:
+        table = schedule_table(*walk, q.device)
         if table is None:  # being captured: pairs (the same results)
-            c.update(scheduled=False, paired=True)
-            sms, table = sm_count(q.device), lse
+            return attention_fwd_sm90(q, k, v, out, lse, causal, scale, **{**variant, "scheduled": False,
+                                                                            "paired": True})
     pointer = _compile.pointer
-    _compile.launch(_AttentionFwdSm90, (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"],
-                                        c["pingpong"], c["overlap"], c["q_stages"], c["k_stages"], c["v_stages"],
-                                        c["tma_store"], c["scheduled"]),
-                    pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16), pointer(lse, 4),
-                    _compile.PointerArg(table.data_ptr(), cutlass.Int32, 4), table.shape[-1],
-                    B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out.stride()[:3],
-                    scale * math.log2(math.e), sms, _compile.stream_of(q))
+    _compile.launch(_AttentionFwdSm90, key, pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16),
+                    pointer(lse, 4), _compile.PointerArg(table.data_ptr(), cutlass.Int32, 4), table.shape[-1],
+                    *numbers, _compile.stream_of(q))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -144,7 +144,10 @@ class PointerArg(NamedTuple):
 def pointer(t: torch.Tensor, align: int, offset: int = 0) -> PointerArg:
     """A pointer ``offset`` elements past ``t``'s first element (in memory: a sub-view's start
     without making the view), promising ``align`` bytes of alignment, which every launch checks."""
-    return PointerArg(t.data_ptr() + offset * t.element_size(), DTYPES[t.dtype], align)
+    address = t.data_ptr()
+    if offset:
+        address += offset * t.element_size()
+    return PointerArg(address, DTYPES[t.dtype], align)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -171,6 +174,62 @@ class View(NamedTuple):
     @classmethod
     def of(cls, t: torch.Tensor) -> View:
         return cls(tuple(t.shape), t.stride(), t.data_ptr() % 16)
+
+
+class Operand(NamedTuple):
+    """A tensor as a plan sees it -- shape, strides, dtype, address modulo 16 -- with the tensor
+    methods that planning code calls (``shape``, ``dtype``, ``stride()``, ``data_ptr()``,
+    ``element_size()``, ``contiguous()``), so that one function decides for a tensor and for its
+    hashable stand-in: an op plans on ``Operand.of(t)`` under ``plan_cache`` and launches on ``t``.
+    ``data_ptr()`` is the address modulo 16, which answers every alignment question a plan asks;
+    ``contiguous()`` is the stand-in of ``t.contiguous()`` (a new allocation is 16-byte aligned)."""
+
+    shape: torch.Size
+    strides: tuple
+    dtype: torch.dtype
+    misalignment: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Operand:
+        return cls(t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+
+    def stride(self, dim: int | None = None):
+        return self.strides if dim is None else self.strides[dim]
+
+    def data_ptr(self) -> int:
+        return self.misalignment
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return functools.reduce(operator.mul, self.shape, 1)
+
+    def is_contiguous(self) -> bool:
+        """As torch answers it: row-major strides, those of dims of extent 1 not counted (and an
+        empty tensor is contiguous)."""
+        if 0 in self.shape:
+            return True
+        expected = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
+    def contiguous(self) -> Operand:
+        return self if self.is_contiguous() else Operand.new(self.shape, self.dtype)
+
+    @classmethod
+    def new(cls, shape: tuple, dtype: torch.dtype) -> Operand:
+        """The stand-in of ``torch.empty(shape, dtype=dtype)``: row-major, 16-byte aligned."""
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * max(shape[i + 1], 1)  # as torch.empty's
+        return cls(torch.Size(shape), tuple(strides), dtype, 0)
 
 
 # ----------------------------------------------------------------------------- workspaces

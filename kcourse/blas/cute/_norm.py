@@ -464,7 +464,7 @@ def _column_sum_factory(dtype, vec: int, sets: int):
 def rows_of(x: torch.Tensor) -> torch.Tensor:
     """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed
     x), else a copy (the one documented copy, as in triton; the kernels take both strides)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(x.shape[:-1].numel(), x.shape[-1])  # (not -1: ambiguous when D = 0)
 
 
 def _dense(t):
@@ -472,7 +472,8 @@ def _dense(t):
 
 
 def _rows(op, row_tensors, params, max_one_pass, stream):
-    """``(vec, plan, args)`` for (N, D) ``row_tensors`` (x first) and (D,) ``params`` (None allowed)."""
+    """``(vec, plan, args)`` for (N, D) ``row_tensors`` (x first) and (D,) ``params`` (None allowed):
+    tensors or their ``_compile.Operand`` stand-ins."""
     n, d = row_tensors[0].shape
     check_sizes(op, "x", row_tensors[0], d, n)
     row_strides = [(t.stride(0) if n > 1 else 0,) for t in row_tensors]
@@ -485,25 +486,36 @@ def _rows(op, row_tensors, params, max_one_pass, stream):
     return vec, plan(d, vec, col_strides, max_one_pass, stream), row_arguments((n,), row_strides, col_strides)
 
 
+def _operand(t):
+    return None if t is None else _compile.Operand.of(t)
+
+
+@_compile.plan_cache
+def _forward_plan(x2, weight, bias, center: bool) -> tuple:
+    """``(key, align, args)`` of the forward's launch for ``x2`` (N, D) and (D,) ``weight``, ``bias``
+    (``_compile.Operand``s or None) writing a new contiguous (N, D) y."""
+    op = "layer_norm" if center else "rms_norm"
+    y2 = _compile.Operand.new(x2.shape, x2.dtype)
+    vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
+    key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
+    return key, vec * x2.element_size(), args
+
+
 def norm_forward(x, weight, bias, eps, center):
     """``(y, x2, mean, rstd)``: y like x (contiguous); x2 = ``rows_of(x)``; mean (None unless
     ``center``) and rstd (N,) float32. weight and bias are (D,) or None (a strided one is copied)."""
-    op = "layer_norm" if center else "rms_norm"
     x2 = rows_of(x)
     n, d = x2.shape
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(n, dtype=torch.float32, device=x.device) if center else None
-    rstd = torch.empty(n, dtype=torch.float32, device=x.device)
+    y = x.new_empty(x.shape)
+    mean = x.new_empty(n, dtype=torch.float32) if center else None
+    rstd = x.new_empty(n, dtype=torch.float32)
     if n and d:
         weight, bias = _dense(weight), _dense(bias)
-        y2 = y.view(n, d)
-        vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
-        pointer, size = _compile.pointer, x.element_size()
-        _compile.launch(_norm_forward_factory, (center, _compile.DTYPES[x.dtype], plan_, weight is not None,
-                                                bias is not None),
-                        _compile.stream(x.device), pointer(x2, vec * size),
-                        None if weight is None else pointer(weight, vec * size),
-                        None if bias is None else pointer(bias, vec * size), pointer(y2, vec * size),
+        key, align, args = _forward_plan(_compile.Operand.of(x2), _operand(weight), _operand(bias), center)
+        pointer = _compile.pointer
+        _compile.launch(_norm_forward_factory, key, _compile.stream_of(x), pointer(x2, align),
+                        None if weight is None else pointer(weight, align),
+                        None if bias is None else pointer(bias, align), pointer(y, align),
                         None if mean is None else pointer(mean, 4), pointer(rstd, 4), n, d, float(eps), *args)
     elif n:  # rows of no columns: the mean of nothing is NaN, as in torch
         rstd.fill_(float("nan"))
@@ -525,42 +537,47 @@ def backward_launch(center: bool, itemsize: int, vec: int, tpr: int) -> tuple:
     return 2 * THREADS, 1, False
 
 
+@_compile.plan_cache
+def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch_override) -> tuple:
+    """``(key, align, ctas, args)`` of the backward's launch for (N, D) ``dy2``, ``x2`` and (D,)
+    ``weight`` (``_compile.Operand``s or None) writing a new contiguous dx where ``needs[0]``, on a
+    device of ``sms`` SMs; ``launch_override``: ``LAUNCH_OVERRIDE``, which the planning reads."""
+    n, d = x2.shape
+    row_tensors = (dy2, x2) + ((_compile.Operand.new((n, d), x2.dtype),) if needs[0] else ())
+    op = "layer_norm" if center else "rms_norm"
+    vec, plan_, args = _rows(op, row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
+    per_sm, prefetch = CTAS_PER_SM, False
+    if plan_.one_pass:
+        threads, per_sm, prefetch = launch_override or backward_launch(center, x2.element_size(), vec, plan_.tpr)
+        plan_ = plan_._replace(threads=threads)
+    ctas = max(1, min(-(-n // plan_.rows), per_sm * sms))
+    key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], prefetch)
+    return key, vec * x2.element_size(), ctas, args
+
+
 def norm_backward(dout, x2, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)`` (None where ``needs`` says no); dout is shaped like x; x2 (N, D) and
     mean (None for rms_norm), rstd come from ``norm_forward``."""
     n, d = x2.shape
-    device, dtype = x2.device, x2.dtype
-    dx = torch.empty(dout.shape, dtype=dtype, device=device) if needs[0] else None
+    dx = x2.new_empty(dout.shape) if needs[0] else None
     if n == 0 or d == 0:  # nothing to reduce: the parameter gradients are 0
-        return dx, *(torch.zeros(d, dtype=dtype, device=device) if need else None for need in needs[1:])
+        return dx, *(x2.new_zeros(d) if need else None for need in needs[1:])
     weight = _dense(weight)
     dy2 = rows_of(dout)
-    row_tensors = (dy2, x2) + ((dx.view(n, d),) if dx is not None else ())
-    vec, plan_, args = _rows(op_name(mean), row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
-    per_sm, prefetch = CTAS_PER_SM, False
-    if plan_.one_pass:
-        threads, per_sm, prefetch = LAUNCH_OVERRIDE or backward_launch(mean is not None, x2.element_size(), vec,
-                                                                        plan_.tpr)
-        plan_ = plan_._replace(threads=threads)
-    ctas = max(1, min(-(-n // plan_.rows), per_sm * _reduce.sm_count(device)))
+    needs = tuple(bool(need) for need in needs)
+    key, align, ctas, args = _backward_plan(_compile.Operand.of(dy2), _compile.Operand.of(x2), _operand(weight), needs,
+                                            mean is not None, _reduce.sm_count_of(x2.get_device()), LAUNCH_OVERRIDE)
     sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
-    partials = torch.empty(sets, ctas, d, dtype=torch.float32, device=device) if sets else None
+    partials = x2.new_empty((sets, ctas, d), dtype=torch.float32) if sets else None
     dw = partials[0] if needs[1] else None
     db = partials[sets - 1] if needs[2] else None
-    pointer, size = _compile.pointer, x2.element_size()
-    _compile.launch(_norm_backward_factory,
-                    (mean is not None, _compile.DTYPES[dtype], plan_, weight is not None, dx is not None,
-                     dw is not None, db is not None, prefetch),
-                    _compile.stream(device), pointer(dy2, vec * size), pointer(x2, vec * size),
-                    None if weight is None else pointer(weight, vec * size), None if mean is None else pointer(mean, 4),
-                    pointer(rstd, 4), None if dx is None else pointer(dx, vec * size),
+    pointer = _compile.pointer
+    _compile.launch(_norm_backward_factory, key, _compile.stream_of(x2), pointer(dy2, align), pointer(x2, align),
+                    None if weight is None else pointer(weight, align), None if mean is None else pointer(mean, 4),
+                    pointer(rstd, 4), None if dx is None else pointer(dx, align),
                     None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4), n, d, ctas, *args)
-    sums = _column_sums(partials, dtype)
+    sums = _column_sums(partials, x2.dtype)
     return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
-
-
-def op_name(mean) -> str:
-    return "rms_norm" if mean is None else "layer_norm"
 
 
 def _column_sums(partials, dtype) -> list:

@@ -55,6 +55,11 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index)
 
 
+def sm_count_of(device_index: int) -> int:
+    """``sm_count`` of CUDA device ``device_index`` as ``Tensor.get_device()`` gives it (-1: the CPU)."""
+    return DEFAULT_SMS if device_index < 0 else _sm_count(device_index)
+
+
 @functools.cache  # asked on every launch: the device properties query costs microseconds
 def _sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -661,32 +661,49 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
-    try:
-        row_shape, row_strides = strided_layout(op, *(t.select(dim, 0) for t in (*inputs, out)))
-    except ValueError:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
-        inputs = [t.contiguous() for t in inputs]
-        out = torch.empty_like(inputs[0])
-        row_shape, row_strides = strided_layout(op, *(t.select(dim, 0) for t in (*inputs, out)))
     tensors = (*inputs, out)
+    planned = rows_plan(op, factory, tuple(_compile.Operand.of(t) for t in tensors), dim, log, share, threads,
+                        _reduce.sm_count_of(out.get_device()), _compile.target(), CLUSTER_OVERRIDE,
+                        PLAN_OVERRIDE.get(factory.__name__))
+    if planned is None:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
+        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads)
+    key, align, numbers = planned
+    _compile.launch(factory, key, _compile.stream_of(out), *(_compile.pointer(t, align) for t in tensors), *numbers)
+    return out
+
+
+@_compile.plan_cache
+def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, sms: int, arch: str,
+              cluster_override, plan_override) -> tuple | None:
+    """``(key, align, numbers)`` of ``launch_rows``'s launch for ``tensors`` (the inputs and the
+    output, as ``_compile.Operand``s): the compile key, the bytes each pointer promises, the numbers
+    after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``,
+    ``cluster_override``, ``plan_override``: the target and the override hooks, which the planning
+    reads (so that a plan made under other values is not reused)."""
+    dim %= len(tensors[0].shape)
+    rows_of = [_compile.Operand(t.shape[:dim] + t.shape[dim + 1:], t.strides[:dim] + t.strides[dim + 1:], t.dtype,
+                                t.misalignment) for t in tensors]  # the operands' first rows (select(dim, 0))
+    try:
+        row_shape, row_strides = strided_layout(op, *rows_of)
+    except ValueError:
+        return None
+    out = tensors[-1]
     M, N = out.numel() // out.shape[dim], out.shape[dim]
-    check_sizes(op, "x", inputs[0], N, M)
+    check_sizes(op, "x", tensors[0], N, M)
     if M == 1:  # a single row: its row stride is never used (strided_layout reports 1), so no constraint
         row_strides = [(0,)] * len(tensors)
     col_strides = [t.stride(dim) if N > 1 else 1 for t in tensors]  # the stride of a dim of size 1 is never used
     vec = row_vector_width(tensors, N, row_strides, col_strides)
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
-    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, _reduce.sm_count(out.device), share)
+    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share)
     if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
             and plan_.vpt * plan_.vec <= VALUES:
         plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
-    plan_ = PLAN_OVERRIDE.get(factory.__name__, lambda p: p)(plan_)
-    args = row_arguments(row_shape, row_strides, col_strides)
-    itemsize = out.element_size()
-    _compile.launch(factory, (log, _compile.DTYPES[out.dtype], len(row_shape), plan_),
-                    _compile.stream(out.device), *(_compile.pointer(t, vec * itemsize) for t in tensors),
-                    M, N, *args)
-    return out
+    if plan_override is not None:
+        plan_ = plan_override(plan_)
+    key = (log, _compile.DTYPES[out.dtype], len(row_shape), plan_)
+    return key, vec * out.element_size(), (M, N, *row_arguments(row_shape, row_strides, col_strides))
 
 
 def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):

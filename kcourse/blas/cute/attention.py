@@ -59,14 +59,17 @@ real head dim, strides and the scale are runtime arguments.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from . import _compile
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
-from ._attention_bwd_sm90 import attention_bwd_sm90, supports as sm90_bwd_supports
+from ._attention_bwd_sm90 import attention_bwd_sm90, plan as sm90_bwd_plan, supports as sm90_bwd_supports
 from ._attention_fwd import LOG2E, _fwd_factory
-from ._attention_fwd_sm90 import attention_fwd_sm90, supports as sm90_supports
-from ._compile import launch, pointer, stream
-from ._reduce import vector_width
+from ._attention_fwd_sm90 import attention_fwd_sm90, plan as sm90_plan, supports as sm90_supports
+from ._compile import Operand, launch, pointer, stream_of
+from ._reduce import sm_count, vector_width
 
 MAX_HEAD_DIM = 128
 _MAX_DIM = 2**31 - 2**10  # sequence lengths and B H Tq are Int32 in the kernels
@@ -125,27 +128,108 @@ def _check_lengths(Tq: int, Tk: int, rows: int) -> None:
                          f"below {_MAX_DIM}")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
+def _sms(device: int) -> int:
+    """The SM count of CUDA device ``device`` (-1: the CPU, where kernels only compile)."""
+    return sm_count(torch.device("cuda", device) if device >= 0 else torch.device("cpu"))
+
+
+def _facts(*tensors) -> tuple:
+    """What the plans depend on besides the operands: the target, the device, the math mode."""
+    t = tensors[0]
+    return _compile.target(), t.get_device(), _math_mode(t.dtype)
+
+
+class _Forward(NamedTuple):
+    """A forward call's plan: which of q, k, v are copied first (``_readable``), and the launch."""
+
+    copies: tuple  # (q, k, v): made contiguous first
+    sm90: bool  # the Hopper kernel (``key``, ``numbers``, ``walk`` as its ``plan`` says), else mma.sync
+    key: tuple
+    align: int  # bytes promised for q, k, v, out (mma.sync)
+    numbers: tuple  # the runtime numbers after the pointers (mma.sync: and before the stream)
+    walk: tuple | None  # the Hopper kernel's schedule_table arguments, where it walks one
+
+
+@_compile.plan_cache
+def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float, arch: str, device: int,
+                  mode: str) -> _Forward | None:
+    """The forward's plan for operands laid out as q, k, v (None: nothing to compute, no query or no
+    key). ``arch``, ``mode``: ``_compile.target()`` and ``_math_mode``, which the planning reads too."""
     Dp = _padded_head_dim(q)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     _check_lengths(Tq, Tk, B * H * Tq)
-    out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
-        return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
-    (q, k, v), vec = _readable(q, k, v)
+    if B * H * Tq * D == 0 or Tk == 0:
+        return None
+    read, vec = _readable(q, k, v)
+    copies = tuple(r is not t for r, t in zip(read, (q, k, v)))
+    q, k, v = read
     if sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
-        attention_fwd_sm90(q, k, v, out, lse, causal, scale)
-        return out, (q, k, v, out, lse)
+        key, numbers, walk = sm90_plan(q, k, v, causal, scale, _sms(device))
+        return _Forward(copies, True, key, 16, numbers, walk)
+    out = Operand.new((B, H, Tq, D), q.dtype)
     vec = min(vec, _vec([out]))
-    align = vec * q.element_size()
-    launch(_fwd_factory, (q.dtype, _math_mode(q.dtype), Dp, causal, vec),
-           pointer(q, align), pointer(k, align), pointer(v, align), pointer(out, align), pointer(lse, 4),
-           B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-           scale * LOG2E, stream(q.device))
+    numbers = (B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(out), scale * LOG2E)
+    return _Forward(copies, False, (q.dtype, mode, Dp, causal, vec), vec * q.element_size(), numbers, None)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
+    plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), causal, scale, *_facts(q))
+    B, H, Tq, D = q.shape
+    out = q.new_empty((B, H, Tq, D))
+    lse = q.new_empty((B, H, Tq), dtype=torch.float32)
+    if plan is None:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
+        return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
+    if any(plan.copies):
+        q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), plan.copies))
+    if plan.sm90:
+        attention_fwd_sm90(q, k, v, out, lse, causal, scale, planned=(plan.key, plan.numbers, plan.walk))
+    else:
+        align = plan.align
+        launch(_fwd_factory, plan.key, pointer(q, align), pointer(k, align), pointer(v, align), pointer(out, align),
+               pointer(lse, 4), *plan.numbers, stream_of(q))
     return out, (q, k, v, out, lse)
+
+
+class _Backward(NamedTuple):
+    """A backward call's plan: which of q, k, v, dout are copied first, and the launches."""
+
+    copies: tuple  # (q, k, v, dout): made contiguous first
+    sm90: tuple | None  # the Hopper kernels' ``plan``, else the mma.sync kernels:
+    keys: tuple  # (delta, dK/dV, dQ) compile keys
+    align: int  # bytes promised for q, k, v, dout, out, dq, dk, dv
+    numbers: tuple  # the dK/dV and dQ kernels' numbers after their pointers
+
+
+@_compile.plan_cache
+def _backward_plan(q: Operand, k: Operand, v: Operand, dout: Operand, out: Operand, causal: bool, scale: float,
+                   deterministic: bool, arch: str, device: int, mode: str) -> _Backward | None:
+    """The backward's plan for operands laid out as q, k, v, dout and the forward's out (None:
+    every gradient is zero, no query or no key)."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if q.numel() == 0 or k.numel() == 0:
+        return None
+    Dp = _padded_head_dim(q)
+    _check_lengths(Tq, Tk, B * H * Tq)
+    # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA, dQ summed by float32 bulk reductions (their order
+    # varies: the last bits of dq may differ run to run). Deterministic mode takes the mma.sync kernels.
+    # dout is read in place through its strides when TMA can describe them (a model's transposed view,
+    # say: its copy took ~0.1 ms at 16k tokens, 16 heads, D = 128); the other kernels want it contiguous.
+    originals = (q, k, v, dout)
+    (q, k, v, dout), vec = _readable(q, k, v, dout)
+    if sm90_bwd_supports(q, k, v, dout, scale) and not deterministic:
+        copies = tuple(r is not t for r, t in zip((q, k, v, dout), originals))
+        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, _sms(device)), (), 16, ())
+    if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
+        dout = dout.contiguous()
+        vec = _vec([q, k, v, dout])
+    copies = tuple(r is not t for r, t in zip((q, k, v, dout), originals))
+    vec = min(vec, _vec([out.contiguous()]))  # (the forward's own out: already contiguous)
+    keys = ((q.dtype, Dp, vec), (q.dtype, mode, Dp, causal, vec), (q.dtype, mode, Dp, causal, vec))
+    numbers = (B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), scale * LOG2E, scale)
+    return _Backward(copies, None, keys, vec * q.element_size(), numbers)
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
@@ -153,47 +237,29 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     deterministic mode) one pass computes all three (dq's conversion only when needed); otherwise delta
     first, then dK and dV together when either is needed, then dQ when needed."""
     q, k, v, out, lse = cache
-    B, H, Tq, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    if q.numel() == 0 or k.numel() == 0:  # no query or no key: every gradient is zero
+    plan = _backward_plan(Operand.of(q), Operand.of(k), Operand.of(v), Operand.of(dout), Operand.of(out), causal,
+                          scale, torch.are_deterministic_algorithms_enabled(), *_facts(q))
+    if plan is None:  # no query or no key: every gradient is zero
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if n else None
                      for t, n in zip((q, k, v), needs))
-    Dp = _padded_head_dim(q)
-    _check_lengths(Tq, Tk, B * H * Tq)
     out = out.contiguous()  # the forward's own: already contiguous
-    # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA, dQ summed by float32 bulk reductions (their order
-    # varies: the last bits of dq may differ run to run). Deterministic mode takes the mma.sync kernels.
-    # dout is read in place through its strides when TMA can describe them (a model's transposed view,
-    # say: its copy took ~0.1 ms at 16k tokens, 16 heads, D = 128); the other kernels want it contiguous.
-    (q, k, v, dout), vec = _readable(q, k, v, dout)
-    if sm90_bwd_supports(q, k, v, dout, scale) and not torch.are_deterministic_algorithms_enabled():
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if needs[0] else None
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
+    if any(plan.copies):
+        q, k, v, dout = (t.contiguous() if copy else t for t, copy in zip((q, k, v, dout), plan.copies))
+    dq = q.new_empty(q.shape) if needs[0] else None
+    if plan.sm90 is not None:
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, planned=plan.sm90)
         return dq, dk if needs[1] else None, dv if needs[2] else None
-    if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
-        dout = dout.contiguous()
-        vec = _vec([q, k, v, dout])
-    vec = min(vec, _vec([out]))
-    align = vec * q.element_size()
-    mode = _math_mode(q.dtype)
-    dev = stream(q.device)
-
+    align, (delta_key, dkdv_key, dq_key), dev = plan.align, plan.keys, stream_of(q)
+    B, H, Tq, D = q.shape
     delta = torch.empty_like(lse)
-    launch(_delta_factory, (q.dtype, Dp, vec),
-           pointer(out, align), pointer(dout, align), pointer(delta, 4), B * H * Tq, D, dev)
+    launch(_delta_factory, delta_key, pointer(out, align), pointer(dout, align), pointer(delta, 4), B * H * Tq, D, dev)
     inputs = (pointer(q, align), pointer(k, align), pointer(v, align), pointer(dout, align),
               pointer(lse, 4), pointer(delta, 4))
-    sizes = (B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-             scale * LOG2E, scale)
-    dq = dk = dv = None
+    dk = dv = None
     if needs[1] or needs[2]:
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        launch(_dkdv_factory, (q.dtype, mode, Dp, causal, vec), *inputs, pointer(dk, align), pointer(dv, align),
-               *sizes, dev)
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+        launch(_dkdv_factory, dkdv_key, *inputs, pointer(dk, align), pointer(dv, align), *plan.numbers, dev)
     if needs[0]:
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        launch(_dq_factory, (q.dtype, mode, Dp, causal, vec), *inputs, pointer(dq, align), *sizes, dev)
+        launch(_dq_factory, dq_key, *inputs, pointer(dq, align), *plan.numbers, dev)
     return dq, dk if needs[1] else None, dv if needs[2] else None

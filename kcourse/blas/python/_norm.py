@@ -32,7 +32,7 @@ def norm_backward(dout, x, weight, mean, rstd, needs):
             dxhat = dxhat - g.mean(dim=-1, keepdim=True)
         dx = (rstd * dxhat).to(x.dtype)
     if needs[1]:
-        dweight = (dy * xhat).reshape(-1, d).sum(dim=0).to(x.dtype)  # (D,)
+        dweight = (dy * xhat).reshape(x.shape[:-1].numel(), d).sum(dim=0).to(x.dtype)  # (D,)
     if needs[2]:
-        dbias = dy.reshape(-1, d).sum(dim=0).to(x.dtype)  # (D,)
+        dbias = dy.reshape(x.shape[:-1].numel(), d).sum(dim=0).to(x.dtype)  # (D,)
     return dx, dweight, dbias

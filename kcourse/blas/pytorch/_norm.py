@@ -15,9 +15,9 @@ def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def norm_backward(dout, x, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm."""
-    d = x.shape[-1]
-    dy = upcast(dout).reshape(-1, d)  # (N, D)
-    xhat = upcast(x).reshape(-1, d)
+    n, d = x.shape[:-1].numel(), x.shape[-1]  # (n, not -1: a reshape to (-1, 0) is ambiguous)
+    dy = upcast(dout).reshape(n, d)  # (N, D)
+    xhat = upcast(x).reshape(n, d)
     if mean is not None:
         xhat = xhat - mean.reshape(-1, 1)
     xhat = xhat * rstd.reshape(-1, 1)

@@ -262,7 +262,7 @@ def column_sum_kernel(partials_ptr, out_ptr, out2_ptr, P, D, BLOCK_P: tl.constex
 def rows_of(x: torch.Tensor) -> torch.Tensor:
     """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed
     x), else a copy (the one documented copy; the kernels take both strides)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(x.shape[:-1].numel(), x.shape[-1])  # (not -1: ambiguous when D = 0)
 
 
 def norm_forward(x, weight, bias, eps, center):
