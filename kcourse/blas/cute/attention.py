@@ -69,7 +69,7 @@ from ._attention_bwd_sm90 import attention_bwd_sm90, plan as sm90_bwd_plan, supp
 from ._attention_fwd import LOG2E, _fwd_factory
 from ._attention_fwd_sm90 import attention_fwd_sm90, plan as sm90_plan, supports as sm90_supports
 from ._compile import Operand, launch, pointer, stream_of
-from ._reduce import sm_count, vector_width
+from ._reduce import sm_count_of, vector_width
 
 MAX_HEAD_DIM = 128
 _MAX_DIM = 2**31 - 2**10  # sequence lengths and B H Tq are Int32 in the kernels
@@ -128,15 +128,9 @@ def _check_lengths(Tq: int, Tk: int, rows: int) -> None:
                          f"below {_MAX_DIM}")
 
 
-def _sms(device: int) -> int:
-    """The SM count of CUDA device ``device`` (-1: the CPU, where kernels only compile)."""
-    return sm_count(torch.device("cuda", device) if device >= 0 else torch.device("cpu"))
-
-
-def _facts(*tensors) -> tuple:
-    """What the plans depend on besides the operands: the target, the device, the math mode."""
-    t = tensors[0]
-    return _compile.target(), t.get_device(), _math_mode(t.dtype)
+def _facts(q: torch.Tensor) -> tuple:
+    """What the plans depend on besides the operands: the target, the device (-1: the CPU), the math mode."""
+    return _compile.target(), q.get_device(), _math_mode(q.dtype)
 
 
 class _Forward(NamedTuple):
@@ -165,7 +159,7 @@ def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float
     copies = tuple(r is not t for r, t in zip(read, (q, k, v)))
     q, k, v = read
     if sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
-        key, numbers, walk = sm90_plan(q, k, v, causal, scale, _sms(device))
+        key, numbers, walk = sm90_plan(q, k, v, causal, scale, sm_count_of(device))
         return _Forward(copies, True, key, 16, numbers, walk)
     out = Operand.new((B, H, Tq, D), q.dtype)
     vec = min(vec, _vec([out]))
@@ -221,7 +215,7 @@ def _backward_plan(q: Operand, k: Operand, v: Operand, dout: Operand, out: Opera
     (q, k, v, dout), vec = _readable(q, k, v, dout)
     if sm90_bwd_supports(q, k, v, dout, scale) and not deterministic:
         copies = tuple(r is not t for r, t in zip((q, k, v, dout), originals))
-        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, _sms(device)), (), 16, ())
+        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, sm_count_of(device)), (), 16, ())
     if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
         dout = dout.contiguous()
         vec = _vec([q, k, v, dout])
