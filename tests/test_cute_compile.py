@@ -4,6 +4,7 @@ still builds, on machines that cannot run it. Each case calls a cute op on CPU t
 from alignment and strides, gemm path, orientation) and compiles it; nothing is launched. Whether
 the kernels compute the right thing is the other test files' job, on a GPU."""
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -85,3 +86,51 @@ def test_a_compiled_kernel_is_reused(monkeypatch):
         before = dict(_compile.COMPILE_SECONDS)
         copy(torch.zeros(5000), torch.zeros(5000))  # another size of the same shape class
     assert _compile.COMPILE_SECONDS == before
+
+
+def _layouts():
+    """Tensors of shapes with dims of extent 1 and 0, in every dim order, contiguous or not, and
+    views 4 bytes off a 16-byte boundary."""
+    for shape in [(2, 3, 4), (1, 3, 1, 4), (2, 0, 3), (5, 1, 7), (3, 1)]:
+        for perm in itertools.permutations(range(len(shape))):
+            x = torch.zeros(shape).permute(*perm)
+            yield x
+            yield x.contiguous()
+    yield torch.zeros(5, 8)[:, ::2]
+    yield torch.zeros(41)[1:].view(5, 8)
+
+
+def test_operand_mirrors_the_tensor():
+    # plans decide on Operand stand-ins and launch on the tensors: every answer a plan reads must be
+    # the tensor's own, and contiguous() must stand for the copy torch would make
+    for x in _layouts():
+        o = _compile.Operand.of(x)
+        assert (o.shape, o.stride(), o.dim(), o.numel(), o.element_size()) == \
+               (x.shape, x.stride(), x.dim(), x.numel(), x.element_size())
+        assert o.data_ptr() == x.data_ptr() % 16 and o.is_contiguous() == x.is_contiguous(), (x.shape, x.stride())
+        copy = x.contiguous()
+        assert o.contiguous().stride() == copy.stride(), (x.shape, x.stride())
+        assert o.contiguous().data_ptr() == copy.data_ptr() % 16
+    new = _compile.Operand.new((2, 1, 0, 3), torch.bfloat16)
+    assert new.stride() == torch.empty(2, 1, 0, 3).stride() and new.element_size() == 2
+
+
+def test_plans_follow_the_layout(monkeypatch):
+    # a plan is cached per layout: the same shape with another alignment or strides gets its own
+    # kernel (a narrower vector, the mma.sync attention), never the plan of the layout before it
+    from kcourse.blas.cute.attention import attention
+    from kcourse.blas.cute.softmax import softmax
+
+    def tensor(*shape, dtype, off):  # ``off`` elements past a 16-byte boundary
+        return torch.zeros(torch.Size(shape).numel() + off, dtype=dtype)[off:].view(shape)
+
+    seen = compiled_kernels(monkeypatch)
+    with _compile.compiling_only():
+        for off in (0, 1, 0):
+            softmax(tensor(6, 64, dtype=torch.float32, off=off), 1)
+            q = tensor(1, 2, 128, 64, dtype=torch.bfloat16, off=2 * off)
+            attention(q, q, q, False, 0.125)
+    vecs = [key[3].vec for name, key in seen if name == "_softmax_factory"]
+    assert vecs == [4, 1, 4], seen
+    kernels = [name for name, _ in seen if name != "_softmax_factory"]
+    assert kernels == ["_AttentionFwdSm90", "_fwd_factory", "_AttentionFwdSm90"], seen
