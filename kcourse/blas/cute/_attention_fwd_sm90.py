@@ -50,7 +50,8 @@ thread's accumulator pairs for n8 blocks 2j and 2j+1 are exactly its A-operand r
 of P V (``acc_as_operand_a``), as for mma.sync.
 
 Ping-pong (``pingpong``): two named barriers make the consumers take turns to issue their WGMMAs, so that
-one warpgroup's softmax runs while the other's products run, FlashAttention-3's inter-warpgroup overlap.
+one warpgroup's softmax runs while the other's products run, FlashAttention-3's inter-warpgroup overlap
+(``config``: without the mask at D = 128, with it on the scheduled walk).
 
 Across tiles (``overlap``, in a CTA that runs several: persistent or paired): the next tile's first
 S = Q K^T is issued beside this tile's last P V, its softmax (into a second set of row statistics)
@@ -155,13 +156,18 @@ def config(D: int, causal: bool, Tq: int) -> dict:
     two rounds are single tiles balanced longest first (``schedule``). Same process on an H100, fraction
     of SDPA at T = 1k / 2k / 4k / 8k, scheduled against pairs (h100-2026-11-25-session16/sched.json):
     D = 128 0.993 / 1.088 / 1.098 / 1.093 against 0.981 / 1.041 / 1.074 / 1.075, D = 64 0.917 / 0.953 /
-    1.009 / 1.011 against 0.911 / 0.951 / 0.995 / 0.990."""
+    1.009 / 1.011 against 0.911 / 0.951 / 0.995 / 0.990.
+    ``pingpong`` with the mask, where the walk is ``scheduled`` (nineteenth session; the H200 measurement
+    above predates the scheduled walk, the overlap and the TMA store): fraction of SDPA at T = 1k / 2k /
+    4k / 8k, with / without it, D = 128: 0.994 / 1.043 / 1.075 / 1.100 against 0.972 / 1.041 / 1.072 /
+    1.096, and 1.017 against 0.986 at 1k in a second process; D = 64: 0.928 / 0.978 / 1.017 / 1.005 against
+    0.914 / 0.954 / 1.006 / 1.006 (h100-2026-11-25-session19/pingpong-fwd.json, pingpong2-fwd.json)."""
     m_tiles = -(-Tq // 128)
     scheduled = causal and m_tiles <= 64  # (where pairs ran before: the walk keeps them but for its tail)
     tma_store = (scheduled or (not causal and m_tiles <= 32)) if D == 128 else m_tiles <= 16
     overlap = D == 128 and (scheduled or (not causal and m_tiles <= 8))
     return {"tile_n": 128, "persistent": scheduled or not causal, "paired": False, "scheduled": scheduled,
-            "pingpong": D == 128 and not causal, "overlap": overlap, "q_stages": 2 if overlap else 1,
+            "pingpong": scheduled or (D == 128 and not causal), "overlap": overlap, "q_stages": 2 if overlap else 1,
             "k_stages": 2, "v_stages": 2, "tma_store": tma_store}
 
 
