@@ -33,6 +33,13 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     ...+s       (forward) the epilogue through shared memory and a TMA store (``tma_store``; two V
                 stages, or three (``+s+v3``) with one Q buffer: 224 KB at D = 128 either way)
     config      the configured variant (``config``)
+    config+pp   (forward) the configured variant with ``pingpong`` (nineteenth session, before the causal
+                ``config`` took it); ...-o+v3, -o+k3: without the overlap, one Q buffer, a third V or K stage
+    (nineteenth session, measured with a kernel patch not kept: results/h100-2026-11-25-session19/trim-pv.patch)
+    config+t    (forward) ``trim``: P V skips the keys none of a warpgroup's rows sees (warpgroup 0's second
+                half on the causal diagonal): bit-identical and 1-3% slower at D = 128, 22% at D = 64; trimming
+                S = Q K^T the same way (N = 64 WGMMAs into half the accumulator) made ptxas serialize every
+                WGMMA (C7511, "insufficient register resources"), so it was not timed
     ...+s, +S   (backward, ``BACKWARD``) dK and dV through shared memory and TMA stores (``tma_store``),
                 or (``+S``) from the registers (4-byte stores)
 
@@ -85,7 +92,12 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
                                tma_store=True),
            "sched+p+s": dict(paired=False, persistent=True, scheduled=True, overlap=False, q_stages=1, v_stages=2,
                              tma_store=True),
-           "config": {}}
+           "config": {},
+           # the configured walk with ping-pong (taken by ``config`` with the mask since the nineteenth session),
+           # and with ping-pong but neither the overlap nor its second Q buffer: a third V or K stage instead
+           "config+pp": {"pingpong": True},
+           "config+pp-o+v3": {"pingpong": True, "overlap": False, "q_stages": 1, "v_stages": 3},
+           "config+pp-o+k3": {"pingpong": True, "overlap": False, "q_stages": 1, "k_stages": 3}}
 # the backward's epilogue: dK and dV through shared memory and TMA stores, or directly from registers
 BACKWARD = {f"{name}+{tag}": {**VARIANTS[name], "tma_store": tag == "s"}
             for name in ("tile", "paired+p", "tile+p") for tag in ("s", "S")}
@@ -114,7 +126,7 @@ def forward(q, k, v, causal, scale, variant):
     B, H, Tq, D = q.shape
     out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    if variant and "scheduled" not in variant:  # a named walk of pairs or tiles, not the config's table
+    if "paired" in variant and "scheduled" not in variant:  # a named walk of pairs or tiles, not the config's table
         variant = {"scheduled": False, **variant}
     fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
     return out, lse
