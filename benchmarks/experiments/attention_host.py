@@ -36,8 +36,8 @@ def host_us(fn, calls=200):
     return round(elapsed / calls * 1e6, 1)
 
 
-def graph_ms(fn):
-    """do_bench of ``fn`` captured in a CUDA graph (its kernels without the host)."""
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up call on a side stream): its replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -46,7 +46,12 @@ def graph_ms(fn):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    return graph.replay
+
+
+def graph_ms(fn):
+    """do_bench of ``fn`` captured in a CUDA graph (its kernels without the host)."""
+    return do_bench(graphed(fn), warmup=25, rep=100, return_mode="median")
 
 
 class _Identity(torch.autograd.Function):

@@ -28,6 +28,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import run as runner  # noqa: E402  (benchmarks/run.py)
+from attention_host import graphed  # noqa: E402  (this folder's: python puts a script's folder on the path)
 
 FLUSH_BYTES = 256 * 2**20
 
@@ -42,21 +43,8 @@ def call_of(op_name, dtype, n, backend, direction="fwd"):
     return runner.timed_call(case, lambda t: op.run(t, backend), direction)
 
 
-def graphed(fn):
-    """``fn`` captured in a CUDA graph: its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def event_ms(fn, flush, calls):
-    """do_bench's loop without the profiler: the median CUDA-event time of a call, ms."""
+def timed_loop(fn, flush, calls):
+    """do_bench's loop: per call an L2 flush, then ``fn`` between two CUDA events; the events' times, ms."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for i in range(calls):
@@ -65,21 +53,19 @@ def event_ms(fn, flush, calls):
         fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def event_ms(fn, flush, calls):
+    """do_bench's loop without the profiler: the median CUDA-event time of a call, ms."""
+    return statistics.median(timed_loop(fn, flush, calls))
 
 
 def timeline(fn, flush, calls):
     """do_bench's loop under torch.profiler: per call the gap after the flush, the kernels' device
     time and their span (medians, us), the event time (ms) and the names of the call's kernels."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
+        times = timed_loop(fn, flush, calls)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
@@ -102,7 +88,7 @@ def timeline(fn, flush, calls):
         names.update(e["name"][:60] for e in own)
     med = statistics.median
     return {"calls": len(gaps), "gap_us": round(med(gaps), 2), "kernels_us": round(med(device), 2),
-            "span_us": round(med(spans), 2), "event_ms": round(med(s.elapsed_time(e) for s, e in zip(starts, ends)), 5),
+            "span_us": round(med(spans), 2), "event_ms": round(med(times), 5),
             "flush_us": round(med(e["dur"] for e in flushes), 1), "kernel_names": sorted(names)}
 
 
