@@ -60,10 +60,30 @@ def test_softmax_kernels_compile(monkeypatch, op, dtype, layout):
     if layout == "contiguous":  # aligned rows of 1024 elements: 128-bit accesses; columns: threads across rows
         assert max(vecs) == 16 // x.element_size()
         assert any(p.across for p in plans(seen, "_softmax_backward_factory"))
-    # the backward's CTAs over rows kept in registers have 512 threads, the others (and the forward's) 256
+    # the backward's CTAs over rows kept in registers have 512 threads, the others (and the forward's of
+    # rows that do not fill a CTA: test_forward_rows_spread_over_512_threads) 256
     for p in plans(seen, "_softmax_backward_factory"):
         assert p.threads == (512 if p.one_pass and not p.across and p.vpt * p.vec <= _rows.VALUES else 256)
     assert {p.threads for p in plans(seen, "_softmax_factory")} == {256}
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
+def test_forward_rows_spread_over_512_threads(monkeypatch, op):
+    # a forward row kept in registers that exactly fills a 256-thread CTA with vector accesses (8192
+    # elements, 16 and 32 bits) is spread over 512 threads, half the vectors a thread (_rows.spread_row);
+    # other rows keep their plans: 16384 (64 elements a thread), 5000 (the chunk not full), 3001 (scalar
+    # accesses), 4096 (two rows a CTA), 20000 (swept or clustered)
+    seen = compiled_kernels(monkeypatch)
+    forward = op_functions(op)[0]
+    with _compile.compiling_only():
+        for dtype in (torch.float32, torch.bfloat16):
+            for d in (8192, 16384, 5000, 3001, 4096, 20000):
+                x, w = t(3, d, dtype=dtype), t(d, dtype=dtype)
+                forward(x, -1) if op == "softmax" else forward(x, w, w, eps=1e-5) if op == "layer_norm" else \
+                    forward(x, w, eps=1e-5)
+    factory = "_softmax_factory" if op == "softmax" else "_norm_forward_factory"
+    got = [(p.tpr, p.threads) for p in plans(seen, factory)]  # (threads a row, threads a CTA)
+    assert got == [(512, 512), (256, 256), (256, 256), (256, 256), (128, 256), (256, 256)] * 2, got
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

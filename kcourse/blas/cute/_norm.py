@@ -10,13 +10,14 @@ Rows are the last dimension of x (..., D), flattened to (N, D). Per row, in floa
 FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): forward 2NDs (+ 8N
 for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory bound.
 
-Threads over rows are ``_rows.plan``'s (a CTA of 256 threads -- 512 for most backwards -- holds
-threads / TPR rows of TPR threads; a row is read with 128-bit accesses where the layout allows, row
-sums by warp shuffles then shared memory, ``_rows.row_allreduce``). x is addressed through its own
+Threads over rows are ``_rows.plan``'s (a CTA of 256 threads -- 512 for most backwards, and for a
+forward row that exactly fills a CTA (``_rows.spread_row``) -- holds threads / TPR rows of TPR threads; a
+row is read with 128-bit accesses where the layout allows, row sums by warp shuffles then shared
+memory, ``_rows.row_allreduce``). x is addressed through its own
 row and column strides (a transposed or strided x is read in place); y, dx, weight and bias are
 contiguous.
 
-Forward (``norm_forward_kernel``, a CTA per 256 / TPR rows)
+Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     A row of up to ``MAX_ONE_PASS`` (16384) columns is loaded once and kept in registers: exact
     two-pass statistics on chip (the sum, then the sum of (x - mean)^2 over the same registers), then
     y. A longer row is swept in chunks: the first chunk's mean K is computed first, then per thread
@@ -59,9 +60,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from . import _compile, _reduce
-from ._rows import (MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk, masked, plan,
-                    reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views, store_chunk,
-                    to_registers)
+from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
+                    masked, plan, reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views,
+                    spread_row, store_chunk, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -173,7 +174,7 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
         norm_forward_kernel(mX, _vector(pW, D, plan_.vec), _vector(pB, D, plan_.vec), mY, mMean, mRstd, rows, D, eps,
                             row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[plan_.threads, 1, 1], stream=stream)
 
     return norm_forward_host
 
@@ -497,6 +498,7 @@ def _forward_plan(x2, weight, bias, center: bool) -> tuple:
     op = "layer_norm" if center else "rms_norm"
     y2 = _compile.Operand.new(x2.shape, x2.dtype)
     vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
+    plan_ = spread_row(plan_, x2.shape[1], FORWARD_ROW_THREADS)  # a row that fills a CTA: over 512 threads
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args
 

@@ -36,8 +36,11 @@ on one row past N = 4096); short rows put many rows in a CTA (TPR = 1: a row per
 scalar accesses (VEC = 1: a non-unit column stride, or an odd N) a thread holds about 16. The
 softmax backward's CTAs over rows kept in registers, at most ``VALUES`` elements a thread, have
 ``BACKWARD_THREADS = 512`` threads (``Plan.threads``): twice the rows, the same work per thread,
-0.5-1% faster (docs/softmax.md; the forward keeps 256: its float32 rows ran 1-2% slower at 512);
-the norm backward picks its own (``_norm.backward_launch``).
+0.5-1% faster (docs/softmax.md; the forward's float32 rows ran 1-2% slower as two rows of 256 in a CTA);
+the norm backward picks its own (``_norm.backward_launch``). The forwards of softmax, log_softmax,
+layer_norm and rms_norm instead spread a row that exactly fills a 256-thread CTA (8192 elements in 16
+and 32 bits) over ``FORWARD_ROW_THREADS = 512`` (``spread_row``: half the values a thread, as
+triton's kernels have it), 0.2-0.6% faster.
 
 - N <= ``MAX_ONE_PASS`` (16384; 8192 with scalar accesses): one chunk covers the row (VPT rounded
   up to a power of two, at most 64 elements per thread); the row is read once and kept in
@@ -120,6 +123,7 @@ CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable clus
 CLUSTER_OVERRIDE = None  # an int: split_rows uses this many CTAs per row wherever it can (tests, benchmarks)
 PLAN_OVERRIDE = {}  # factory name -> function of the plan: the plan its launches use instead (benchmarks)
 BACKWARD_THREADS = 512  # softmax backward: CTAs over rows kept in registers, at most VALUES elements a thread
+FORWARD_ROW_THREADS = 512  # forwards: a row kept in registers that fills a CTA is spread over this many (spread_row)
 LOG2E = math.log2(math.e)
 NEG_INF = float("-inf")
 
@@ -261,6 +265,21 @@ def row_views(pointers, n, rank: int, plan_: Plan, args) -> tuple[list, list]:
         layout = cute.make_layout((n_cols, tuple(reversed(shape))), stride=(col, tuple(reversed(strides))))
         views.append(cute.make_tensor(pointer, layout))
     return views, list(reversed(shape[1:]))
+
+
+def spread_row(plan_: Plan, n: int, threads: int) -> Plan:
+    """``plan_`` with a row of ``n`` elements that exactly fills a CTA of ``THREADS`` (kept in registers,
+    vector accesses, at most ``VALUES`` elements a thread) spread over a CTA of ``threads``, the vectors
+    a thread divided accordingly; other plans as they are. Measured for the forwards (H100, triton's
+    time over ours, 256 -> 512 threads a row; benchmarks/results/h100-2026-11-25-session19,
+    ``row-spread.json``) at 32768 x 8192, the one such row in 16 and 32 bits: softmax float32 0.998 ->
+    1.000, bfloat16 1.000 -> 0.999; layer_norm 0.994 -> 1.000, 0.996 -> 0.998; rms_norm 0.999 -> 1.000,
+    0.999 -> 1.003. Elsewhere it did not pay: at 16384 columns (64 elements a thread) -0.7 to +0.6%,
+    at 5000 (a chunk 61% full) and 3001 (scalar accesses) -9 to +8%."""
+    if (threads == THREADS or not plan_.one_pass or plan_.across or plan_.cluster > 1 or plan_.tpr != THREADS
+            or plan_.vec == 1 or plan_.vpt * plan_.vec > VALUES or n != plan_.chunk or plan_.vpt * THREADS < threads):
+        return plan_
+    return plan_._replace(tpr=threads, vpt=plan_.vpt * THREADS // threads, threads=threads)
 
 
 def row_copy(dtype, plan_: Plan, to_shared: bool = False) -> cute.TiledCopy:
@@ -653,28 +672,29 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
 
 
 def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int,
-                threads: int = THREADS) -> torch.Tensor:
+                threads: int = THREADS, spread: int = THREADS) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
     ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
     ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``);
-    ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread."""
+    ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread;
+    ``spread``: the threads a row kept in registers that fills a CTA is spread over (``spread_row``)."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
     tensors = (*inputs, out)
     planned = rows_plan(op, factory, tuple(_compile.Operand.of(t) for t in tensors), dim, log, share, threads,
-                        _reduce.sm_count_of(out.get_device()), _compile.target(), CLUSTER_OVERRIDE,
+                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), CLUSTER_OVERRIDE,
                         PLAN_OVERRIDE.get(factory.__name__))
     if planned is None:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
-        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads)
+        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread)
     key, align, numbers = planned
     _compile.launch(factory, key, _compile.stream_of(out), *(_compile.pointer(t, align) for t in tensors), *numbers)
     return out
 
 
 @_compile.plan_cache
-def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, sms: int, arch: str,
-              cluster_override, plan_override) -> tuple | None:
+def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, spread: int, sms: int,
+              arch: str, cluster_override, plan_override) -> tuple | None:
     """``(key, align, numbers)`` of ``launch_rows``'s launch for ``tensors`` (the inputs and the
     output, as ``_compile.Operand``s): the compile key, the bytes each pointer promises, the numbers
     after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``,
@@ -700,6 +720,7 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
     if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
             and plan_.vpt * plan_.vec <= VALUES:
         plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
+    plan_ = spread_row(plan_, N, spread)
     if plan_override is not None:
         plan_ = plan_override(plan_)
     key = (log, _compile.DTYPES[out.dtype], len(row_shape), plan_)
@@ -708,7 +729,7 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
 
 def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     """The cute ``softmax``/``log_softmax`` forward: ``(y, (y,))``."""
-    y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS)
+    y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=FORWARD_ROW_THREADS)
     return y, (y,)
 
 
