@@ -23,6 +23,13 @@ forward fits 3 by its 72 registers, the softmax 4 by its 55), and the softmax fo
 takes k times as long on an SM that works on k rows at once, and at the end of the kernel the SMs
 drain for about half a row's time, so the fewest rows an SM needs to keep the memory busy should win.
 
+``--variants threads`` (before ``_rows.spread_row`` shipped; the session-19 ``row-threads.json``): the
+softmax and the layer_norm forward with a row across 512 threads through a plan patch (``512``; in
+``occupancy`` only the softmax took it), and the same with at most 2 CTAs an SM (``512 pad 2``: the
+shape of triton's kernels at D = 8192, 64 registers). ``--variants spread``, on the code that ships
+it: the forwards with ``FORWARD_ROW_THREADS`` = 512 (``512``, shipped) and 256 (``256``, before), with
+rms_norm too, over ``--dims``.
+
 Each variant's output is compared bit for bit with the shipped kernels' (a hint changes no value) and
 with triton's to torch's float32 error. do_bench medians (L2 flushed), ``--rounds`` interleaved rounds,
 the fastest kept.
@@ -36,11 +43,12 @@ from triton.testing import do_bench
 
 import cutlass
 import cutlass.cute as cute
-from kcourse.blas.cute import _compile, _norm, _rows, layer_norm as cute_ln, softmax as cute_sm
-from kcourse.blas.triton import layer_norm as triton_ln, softmax as triton_sm
+from kcourse.blas.cute import _compile, _norm, _rows, layer_norm as cute_ln, rms_norm as cute_rms, softmax as cute_sm
+from kcourse.blas.triton import layer_norm as triton_ln, rms_norm as triton_rms, softmax as triton_sm
 
 PLAIN = _rows.to_registers
 PLAIN_BUFFER = _rows.reduction_buffer
+PLAIN_NORM_PLAN = _norm.plan
 SMEM_PER_SM = 228 * 1024
 HINTS = {"L2::256B": dict(l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B),
          "no_allocate": dict(l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE),
@@ -79,15 +87,28 @@ def row_of_512(plan_):
 
 
 def variants(which):
-    """name -> (to_registers, reduction_buffer, softmax plan hook)."""
+    """name -> (to_registers, reduction_buffer, softmax plan hook, threads a forward row that fills a CTA
+    is spread over)."""
+    shipped = _rows.FORWARD_ROW_THREADS
+    plain = (PLAIN, PLAIN_BUFFER, None, shipped)
     if which == "hints":
-        return {"plain": (PLAIN, PLAIN_BUFFER, None),
-                **{name: (hinted(h), PLAIN_BUFFER, None) for name, h in HINTS.items()}}
-    return {"plain": (PLAIN, PLAIN_BUFFER, None), **{f"pad {k}": (PLAIN, padded(k), None) for k in (1, 2, 3)},
-            "512": (PLAIN, PLAIN_BUFFER, row_of_512)}
+        return {"plain": plain, **{name: (hinted(h), PLAIN_BUFFER, None, shipped) for name, h in HINTS.items()}}
+    if which == "spread":
+        return {"512": (PLAIN, PLAIN_BUFFER, None, 512), "256": (PLAIN, PLAIN_BUFFER, None, 256)}
+    return {"plain": plain, **{f"pad {k}": (PLAIN, padded(k), None, shipped) for k in (1, 2, 3)},
+            "512": (PLAIN, PLAIN_BUFFER, row_of_512, shipped)}
 
 
-def cases(d):
+def use(variant):
+    """Plan (and compile) the next calls with ``variant``'s pieces."""
+    loads, buffer, hook, spread = variant
+    _rows.to_registers, _rows.reduction_buffer, _norm.reduction_buffer = loads, buffer, buffer
+    _rows.PLAN_OVERRIDE["_softmax_factory"] = hook
+    _rows.FORWARD_ROW_THREADS = _norm.FORWARD_ROW_THREADS = spread
+    _norm._forward_plan.cache_clear()  # its plans read FORWARD_ROW_THREADS, which is not among its arguments
+
+
+def cases(d, rms=False):
     n = 2**28 // d
     torch.manual_seed(0)
     out = []
@@ -102,6 +123,10 @@ def cases(d):
                     lambda x=x, w=w, b=b: cute_ln.layer_norm(x, w, b, 1e-5)[0],
                     lambda x=x, w=w, b=b: triton_ln.layer_norm(x, w, b, 1e-5)[0], ref,
                     2 * x.numel() * x.element_size()))
+        if rms:
+            ref = F.rms_norm(x.float(), (d,), w.float(), 1e-5)
+            out.append((f"rms_norm fwd {str(dtype)[6:]} {n}x{d}", lambda x=x, w=w: cute_rms.rms_norm(x, w, 1e-5)[0],
+                        lambda x=x, w=w: triton_rms.rms_norm(x, w, 1e-5)[0], ref, 2 * x.numel() * x.element_size()))
     return out
 
 
@@ -110,32 +135,30 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--dims", default="8192")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variants", default="hints", choices=("hints", "occupancy"))
+    parser.add_argument("--variants", default="hints", choices=("hints", "occupancy", "spread"))
     args = parser.parse_args()
     src, dst = (torch.empty(2**28, device="cuda") for _ in range(2))
     copy_ms = min(do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median") for _ in range(3))
     rows = []
     for d in map(int, args.dims.split(",")):
-        for name, cute_fn, triton_fn, ref, nbytes in cases(d):
+        for name, cute_fn, triton_fn, ref, nbytes in cases(d, rms=args.variants == "spread"):
             kernels, outputs, table = {}, {}, variants(args.variants)
-            for variant, (loads, buffer, hook) in table.items():  # compile each variant's kernels, keep them
+            for variant in table:  # compile each variant's kernels, keep them
                 _compile._kernels.clear()
-                _rows.to_registers, _rows.reduction_buffer, _norm.reduction_buffer = loads, buffer, buffer
-                _rows.PLAN_OVERRIDE["_softmax_factory"] = hook
+                use(table[variant])
                 outputs[variant] = cute_fn().clone()
                 kernels[variant] = dict(_compile._kernels)
-            _rows.to_registers, _rows.reduction_buffer, _norm.reduction_buffer = PLAIN, PLAIN_BUFFER, PLAIN_BUFFER
 
             def run(variant):
                 def call():
                     _compile._kernels.update(kernels[variant])
-                    _rows.PLAN_OVERRIDE["_softmax_factory"] = table[variant][2]
+                    use(table[variant])
                     return cute_fn()
                 return call
             fns = {"triton": triton_fn, **{v: run(v) for v in kernels}}
             err = {v: (o.float() - ref).abs().max().item() for v, o in outputs.items()}
             err["triton"] = (triton_fn().float() - ref).abs().max().item()
-            same = {v: bool(torch.equal(o, outputs["plain"])) for v, o in outputs.items()}
+            same = {v: bool(torch.equal(o, outputs[next(iter(outputs))])) for v, o in outputs.items()}
             ms = {}
             for _ in range(args.rounds):
                 for v, fn in fns.items():
