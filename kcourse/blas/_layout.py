@@ -1,5 +1,6 @@
 """The index space of same-shape tensors, merged: what every backend's elementwise kernels walk;
-and the strides of a (B, H, T, D) attention operand as a TMA descriptor takes them.
+the strides of a (B, H, T, D) attention operand as a TMA descriptor takes them; and the rows of a
+(..., D) tensor as the norm kernels take them.
 
 Elementwise ops (copy, swap, scal, axpby, ...) take same-shape tensors whose strides may all
 differ. ``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims with one
@@ -67,3 +68,9 @@ def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
     if max(s_b, s_h, s_t) * size >= TMA_MAX_STRIDE:
         return None
     return s_b, s_h, s_t
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed x), else
+    a copy (the one documented copy of the triton and cute norms; their kernels take both strides)."""
+    return x.reshape(x.shape[:-1].numel(), x.shape[-1])  # (not -1: ambiguous when D = 0)

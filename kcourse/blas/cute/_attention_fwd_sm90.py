@@ -94,7 +94,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .._layout import tma_strides
 from . import _compile
-from ._attention_fwd import _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
+from ._attention_fwd import LOG2E, _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
 from ._reduce import sm_count
 
 LN2 = math.log(2.0)
@@ -255,7 +255,7 @@ def plan(q, k, v, causal: bool, scale: float, sms: int, **variant) -> tuple:
     key = (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"], c["pingpong"], c["overlap"], c["q_stages"],
            c["k_stages"], c["v_stages"], c["tma_store"], c["scheduled"])
     numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), H * Tq * D, Tq * D, D,
-               scale * math.log2(math.e), sms)
+               scale * LOG2E, sms)
     return key, numbers, walk
 
 

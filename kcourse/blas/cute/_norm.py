@@ -59,6 +59,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
+from .._layout import rows_of
 from . import _compile, _reduce
 from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
                     masked, plan, reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views,
@@ -461,12 +462,6 @@ def _column_sum_factory(dtype, vec: int, sets: int):
 
 
 # ----------------------------------------------------------------------------- host
-
-def rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed
-    x), else a copy (the one documented copy, as in triton; the kernels take both strides)."""
-    return x.reshape(x.shape[:-1].numel(), x.shape[-1])  # (not -1: ambiguous when D = 0)
-
 
 def _dense(t):
     return None if t is None else t.contiguous()

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._layout import rows_of
 from ._launch import block_indices, sm_count, sum_pair
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
@@ -257,12 +258,6 @@ def column_sum_kernel(partials_ptr, out_ptr, out2_ptr, P, D, BLOCK_P: tl.constex
         if s == 1:
             out = out2_ptr
     tl.store(out + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < D)
-
-
-def rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x (..., D) as (N, D): a view when the leading dims merge (any strides, e.g. a transposed
-    x), else a copy (the one documented copy; the kernels take both strides)."""
-    return x.reshape(x.shape[:-1].numel(), x.shape[-1])  # (not -1: ambiguous when D = 0)
 
 
 def norm_forward(x, weight, bias, eps, center):
