@@ -11,11 +11,10 @@ FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): for
 for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory bound.
 
 Threads over rows are ``_rows.plan``'s (a CTA of 256 threads -- 512 for most backwards, and for a
-forward row that exactly fills a CTA (``_rows.spread_row``) -- holds threads / TPR rows of TPR threads; a
-row is read with 128-bit accesses where the layout allows, row sums by warp shuffles then shared
-memory, ``_rows.row_allreduce``). x is addressed through its own
-row and column strides (a transposed or strided x is read in place); y, dx, weight and bias are
-contiguous.
+forward row that exactly fills a CTA (``_rows.spread_row``) -- holds threads / TPR rows of TPR
+threads; a row is read with 128-bit accesses where the layout allows, row sums by warp shuffles then
+shared memory, ``_rows.row_allreduce``). x is addressed through its own row and column strides (a
+transposed or strided x is read in place); y, dx, weight and bias are contiguous.
 
 Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     A row of up to ``MAX_ONE_PASS`` (16384) columns is loaded once and kept in registers: exact
