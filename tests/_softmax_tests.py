@@ -170,8 +170,9 @@ def test_backward_skips_unneeded(op, backend):
 
 
 @pytest.mark.gpu
+# (1001, 8192): rows that exactly fill a CTA, spread over 512 threads by the cute forward (_rows.spread_row)
 @pytest.mark.parametrize("shape, dim", [((4096, 1024), -1), ((1024, 16384), -1), ((64, 131072), -1),
-                                        ((4, 16, 512, 512), -1), ((1024, 2048), 0)])
+                                        ((4, 16, 512, 512), -1), ((1024, 2048), 0), ((1001, 8192), -1)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large(op, backend, dtype, shape, dim):
     check(op, backend, 3 * randn(*shape, dtype=dtype), dim, randn(*shape, dtype=dtype))

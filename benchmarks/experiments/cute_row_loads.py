@@ -2,7 +2,7 @@
 triton (32768 x 8192; session 17): cache hints on their loads, and how many rows an SM works on at once.
 
     source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_row_loads.py OUT.json \
-        [--variants hints|occupancy]
+        [--variants hints|occupancy|spread]
 
 ``--variants hints`` (the default):
 
@@ -23,12 +23,14 @@ forward fits 3 by its 72 registers, the softmax 4 by its 55), and the softmax fo
 takes k times as long on an SM that works on k rows at once, and at the end of the kernel the SMs
 drain for about half a row's time, so the fewest rows an SM needs to keep the memory busy should win.
 
-``--variants threads`` (before ``_rows.spread_row`` shipped; the session-19 ``row-threads.json``): the
-softmax and the layer_norm forward with a row across 512 threads through a plan patch (``512``; in
-``occupancy`` only the softmax took it), and the same with at most 2 CTAs an SM (``512 pad 2``: the
-shape of triton's kernels at D = 8192, 64 registers). ``--variants spread``, on the code that ships
-it: the forwards with ``FORWARD_ROW_THREADS`` = 512 (``512``, shipped) and 256 (``256``, before), with
-rms_norm too, over ``--dims``.
+``--variants spread``: the forwards with ``FORWARD_ROW_THREADS`` = 512 (``512``, shipped) and 256
+(``256``, as before the nineteenth session), with rms_norm too, over ``--dims``. Its predecessor, a
+``threads`` mode that patched the plans before ``_rows.spread_row`` existed (a row across 512 threads,
+alone and with at most 2 CTAs an SM), made the session-19 ``row-threads.json``.
+
+The ``hints`` and ``occupancy`` results committed in session 19 were made before the spread shipped:
+their "plain" was a row over 256 threads at D = 8192, and ``occupancy``'s ``512`` (which only spreads
+a row still over 256 threads) now changes nothing there.
 
 Each variant's output is compared bit for bit with the shipped kernels' (a hint changes no value) and
 with triton's to torch's float32 error. do_bench medians (L2 flushed), ``--rounds`` interleaved rounds,
