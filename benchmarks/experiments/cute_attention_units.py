@@ -42,6 +42,11 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
                 WGMMA (C7511, "insufficient register resources"), so it was not timed
     ...+s, +S   (backward, ``BACKWARD``) dK and dV through shared memory and TMA stores (``tma_store``),
                 or (``+S``) from the registers (4-byte stores)
+    config=     the configured variant again, under another name: how far one kernel's times spread
+    (twentieth session, measured with kernel knobs not kept: results/h100-2026-11-26-session20/variants.patch)
+    config+sm   a tile's first key tile masked only where it needs it (adopted: the kernel does so now)
+    config+eq   the producer loads the next tile's Q right after this tile's first K and V
+    config+lw   the wait for P V kept after the softmax in the SASS (a never-taken branch ends the block)
 
 Correctness first: every variant on odd shapes (tails, grouped-query heads, Tq != Tk, (B, T, H, D)
 views, one token) against SDPA in float32 (out and the gradients) and a float64 logsumexp (lse), and
@@ -49,6 +54,10 @@ against the ``tile`` variant: bit for bit for out, lse, dk and dv (a tile's arit
 on which CTA runs it; dq's float32 sums are added in a varying order, so dq only to the tolerance).
 Then bfloat16, 16 heads, B T = 16384, T = 1k..16k, D = 128 and 64, causal (and without the mask tile
 and tile+p): do_bench medians over two interleaved rounds (the faster), TFLOP/s and SDPA's time / ours.
+Each round times the calls in another order (a rotation). ``--paired``: many short rounds (do_bench
+rep = 20 ms) and, beside the fastest, the quartiles over rounds of SDPA's time over each variant's in the
+same round, which a drift of the clocks moves far less than a ratio of two fastest times (the same kernel
+under two names differed by 4% in the fastest-of-six, 0.5% in the paired median; session 20).
 """
 import argparse
 import json
@@ -97,7 +106,8 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            # and with ping-pong but neither the overlap nor its second Q buffer: a third V or K stage instead
            "config+pp": {"pingpong": True},
            "config+pp-o+v3": {"pingpong": True, "overlap": False, "q_stages": 1, "v_stages": 3},
-           "config+pp-o+k3": {"pingpong": True, "overlap": False, "q_stages": 1, "k_stages": 3}}
+           "config+pp-o+k3": {"pingpong": True, "overlap": False, "q_stages": 1, "k_stages": 3},
+           "config=": {}}  # the configured variant again: the spread of the timing itself
 # the backward's epilogue: dK and dV through shared memory and TMA stores, or directly from registers
 BACKWARD = {f"{name}+{tag}": {**VARIANTS[name], "tma_store": tag == "s"}
             for name in ("tile", "paired+p", "tile+p") for tag in ("s", "S")}
@@ -187,7 +197,7 @@ def check(backward_too, only=None):
 
 
 def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 16384), rounds=2, head_dims=(128, 64),
-          timed=None, masks=(True, False)):
+          timed=None, masks=(True, False), paired=False):
     H, TOKENS = 16, 16384
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "dtype": "bfloat16", "H": H, "tokens": TOKENS, "check_failures": failures,
@@ -224,12 +234,20 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                     config = fwd90.config(D, causal, T)
                 row = {"D": D, "T": T, "causal": causal, "config": config}
                 ms = {}
-                for _ in range(rounds):  # interleaved rounds: the fastest of each
-                    for name, fn in fns.items():
-                        t = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        ms[name] = min(ms.get(name, t), t)
+                order, per_round = list(fns), []
+                for r in range(rounds):  # interleaved rounds, each in another order: the fastest of each
+                    times = {}
+                    for name in order[r % len(order):] + order[:r % len(order)]:
+                        times[name] = do_bench(fns[name], warmup=5 if paired else 25, rep=20 if paired else 100,
+                                               return_mode="median")
+                        ms[name] = min(ms.get(name, times[name]), times[name])
+                    per_round.append(times)
                 for name, t in ms.items():
                     row[name] = [round(t, 4), round(flops / t / 1e9, 1), round(ms["sdpa"] / t, 3)]
+                    if paired:  # SDPA's time over this one's in the same round: median and quartiles over rounds
+                        ratios = sorted(times["sdpa"] / times[name] for times in per_round)
+                        q = lambda f: round(ratios[int(f * (len(ratios) - 1))], 4)  # noqa: E731
+                        row[name] += [q(0.25), q(0.5), q(0.75)]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(out_path, "w") as f:
@@ -282,6 +300,8 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated variants to check (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (the fastest is kept)")
     parser.add_argument("--head-dims", default="128,64", help="head dims to time")
+    parser.add_argument("--paired", action="store_true", help="many short rounds (do_bench rep = 20 ms); each "
+                        "variant also gets the quartiles over rounds of SDPA's time over its own in the same round")
     parser.add_argument("--masks", default="causal,full", help="the masks to time: causal, full or causal,full")
     parser.add_argument("--timed", default="", help="variants to time ({}: the forward's paired, the backward's "
                         "paired+p with the mask, tile without; default: FORWARD_TIMED, or the backward's work units)")
@@ -294,7 +314,7 @@ def main():
         raise SystemExit(failures > 0)
     bench(args.out, failures, args.backward, [int(t) for t in args.lengths.split(",")], args.rounds,
           [int(d) for d in args.head_dims.split(",")], list(filter(None, args.timed.split(","))),
-          tuple(m == "causal" for m in args.masks.split(",")))
+          tuple(m == "causal" for m in args.masks.split(",")), args.paired)
 
 
 if __name__ == "__main__":
