@@ -36,8 +36,12 @@ Backward (``norm_backward_kernel``, P CTAs: one of 512 threads or two of 256 an 
     waits for that copy (its own: no barrier) at the top of the next row: the loads of one row fly
     while the CTA reduces and stores the one before. At the end the CTA adds its row slots'
     accumulators column by column, in order, and writes one row of float32 partials (P, D). A longer
-    row is swept twice for dx (row sums, then dx) and the column sums are taken chunk by chunk over
-    the CTA's rows, in registers, as triton does (x and dy are then read three times).
+    row is swept in chunks, twice: first row by row for its row sums (kept in a (N, 2) float32 scratch,
+    one thread a row), then chunk by chunk over the CTA's rows, where each chunk of dx is written
+    beside that chunk's column sums, which stay in registers (x and dy read twice and dx written once:
+    5ND elements moved where the minimum is 3ND; triton's backward, and this one until the twentieth
+    session, read x and dy three times: a dx sweep row by row and then the column sums). Without a
+    column sum to take, dx is swept row by row; without dx, the column sums alone.
     ``column_sum_kernel`` adds the P partials of each column in a fixed order and rounds once to the
     parameter's dtype: a deterministic two-stage reduction, no atomics.
 
@@ -188,6 +192,9 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
     row is reduced."""
     chunk, vpt, tpr, slots = plan_.chunk, plan_.vpt, plan_.tpr, plan_.rows
     sums = 2 if center else 1  # row sums dx needs: g * xhat (and g)
+    # a row swept in chunks, with dx and a column sum: dx chunk-major beside the column sums (x and dy
+    # read twice, not three times), the row sums kept between the sweeps in a (N, sums) scratch
+    chunk_major = not plan_.one_pass and has_dx and (has_dw or has_db)
 
     @cute.jit
     def row_stats(mMean: Optional[cute.Tensor], mRstd: cute.Tensor, row, rows):
@@ -219,8 +226,10 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
     @cute.kernel
     def norm_backward_kernel(mdY: cute.Tensor, mX: cute.Tensor, mW: Optional[cute.Tensor], mMean: Optional[cute.Tensor],
                              mRstd: cute.Tensor, mdX: Optional[cute.Tensor], mdW: Optional[cute.Tensor],
-                             mdB: Optional[cute.Tensor], rows: Int64, D: Int32, tiled_copy: cute.TiledCopy):
-        # mdY, mX, mdX: (D, (N,)); mW: (D,); mMean, mRstd: (N,) float32; mdW, mdB: (P, D) float32 partials
+                             mdB: Optional[cute.Tensor], mTotals: Optional[cute.Tensor], rows: Int64, D: Int32,
+                             tiled_copy: cute.TiledCopy):
+        # mdY, mX, mdX: (D, (N,)); mW: (D,); mMean, mRstd: (N,) float32; mdW, mdB: (P, D) float32 partials;
+        # mTotals: (N, sums) float32, the row sums of a long row between its two sweeps (``chunk_major``)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         ctas, _, _ = cute.arch.grid_dim()
@@ -296,13 +305,13 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                         partials[bidx, col] = total
         else:  # rows of more than ON_CHIP_BACKWARD columns: one row at a time (slots == 1)
             chunks = cute.ceil_div(D, chunk)
-            if const_expr(has_dx):
+            if const_expr(has_dx):  # sweep 1, row by row: the row sums (into mTotals when chunk-major)
                 for block in cutlass.range(bidx, blocks, ctas, unroll=1):
                     row = Int64(block)
                     x_row, dy_row = mX[None, (row,)], mdY[None, (row,)]
                     mean, rstd = row_stats(mMean, mRstd, row, rows)
                     part = (Float32(0.0),) * sums
-                    for c in cutlass.range(chunks, unroll=1):  # sweep 1: the row sums
+                    for c in cutlass.range(chunks, unroll=1):
                         pred = chunk_predicate(tXcX, D - c * chunk, vpt)
                         x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
                         dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
@@ -310,29 +319,44 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                         part = combine_sum(part, row_sums(xhat, g))
                     stage = ((block - bidx) // ctas) % 2
                     totals = row_allreduce(part, combine_sum, tpr, buffer, stage)
-                    for c in cutlass.range(chunks, unroll=1):  # sweep 2: dx
-                        pred = chunk_predicate(tXcX, D - c * chunk, vpt)
-                        x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
-                        dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
-                        xhat, g = (x - mean) * rstd, grad_terms(dy, _param(tiled_copy, thr, mW, c, chunk, pred))
-                        store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], c,
-                                    chunk, pred)
-            if const_expr(has_dw or has_db):
-                for c in cutlass.range(chunks, unroll=1):  # the column sums, chunk by chunk
+                    if const_expr(chunk_major):
+                        if tidx == 0:
+                            for k in cutlass.range_constexpr(sums):
+                                mTotals[row, k] = totals[k]
+                    else:  # sweep 2 of this row: dx
+                        for c in cutlass.range(chunks, unroll=1):
+                            pred = chunk_predicate(tXcX, D - c * chunk, vpt)
+                            x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                            dy = load_chunk(tiled_copy, thr, dy_row, c, chunk, pred, 0.0).load().to(Float32)
+                            xhat, g = (x - mean) * rstd, grad_terms(dy, _param(tiled_copy, thr, mW, c, chunk, pred))
+                            store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], c,
+                                        chunk, pred)
+            if const_expr(chunk_major):
+                cute.arch.barrier()  # the CTA's row sums (its own rows: global writes, visible after the barrier)
+            if const_expr(has_dw or has_db):  # chunk by chunk over the CTA's rows: the column sums, in registers
+                for c in cutlass.range(chunks, unroll=1):  # (chunk-major: and dx, from the row sums)
                     pred = chunk_predicate(tXcX, D - c * chunk, vpt)
                     acc_w = cute.make_rmem_tensor(tXcX.shape, Float32)  # ((VEC, 1), VPT), like the fragments
                     acc_b = cute.make_rmem_tensor(tXcX.shape, Float32)
                     acc_w.fill(0.0)
                     acc_b.fill(0.0)
+                    w = None
+                    if const_expr(chunk_major):
+                        w = _param(tiled_copy, thr, mW, c, chunk, pred)  # this chunk's weight, for all the rows
                     for block in cutlass.range(bidx, blocks, ctas, unroll=1):
                         row = Int64(block)
                         mean, rstd = row_stats(mMean, mRstd, row, rows)
                         x = load_chunk(tiled_copy, thr, mX[None, (row,)], c, chunk, pred, 0.0).load().to(Float32)
                         dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], c, chunk, pred, 0.0).load().to(Float32)
+                        xhat = (x - mean) * rstd
                         if const_expr(has_dw):
-                            acc_w.store(acc_w.load() + dy * ((x - mean) * rstd))
+                            acc_w.store(acc_w.load() + dy * xhat)
                         if const_expr(has_db):
                             acc_b.store(acc_b.load() + dy)
+                        if const_expr(chunk_major):
+                            totals = tuple(mTotals[row, k] for k in range(sums))
+                            store_chunk(tiled_copy, thr, rstd * row_grad(xhat, grad_terms(dy, w), totals, d),
+                                        mdX[None, (row,)], c, chunk, pred)
                     for k in cutlass.range_constexpr(2):
                         if const_expr(accumulators[k]):
                             _store_partials((acc_w, acc_b)[k], (mdW, mdB)[k], bidx, c * chunk, D, tXcX)
@@ -340,8 +364,8 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
     @cute.jit
     def norm_backward_host(stream: cuda.CUstream, pdY: cute.Pointer, pX: cute.Pointer, pW: Optional[cute.Pointer],
                            pMean: Optional[cute.Pointer], pRstd: cute.Pointer, pdX: Optional[cute.Pointer],
-                           pdW: Optional[cute.Pointer], pdB: Optional[cute.Pointer], rows: Int64, D: Int32,
-                           ctas: Int32, *args):
+                           pdW: Optional[cute.Pointer], pdB: Optional[cute.Pointer], pTotals: Optional[cute.Pointer],
+                           rows: Int64, D: Int32, ctas: Int32, *args):
         views, _ = row_views(tuple(p for p in (pdY, pX, pdX) if p is not None), D, 1, plan_, args)
         mdY, mX, mdX = views[0], views[1], views[2] if const_expr(has_dx) else None
         mMean = None
@@ -351,7 +375,10 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
         partials = cute.make_layout((ctas, D), stride=(Int64(D), 1))
         mdW = cute.make_tensor(pdW, partials) if const_expr(has_dw) else None
         mdB = cute.make_tensor(pdB, partials) if const_expr(has_db) else None
-        norm_backward_kernel(mdY, mX, _vector(pW, D, plan_.vec), mMean, mRstd, mdX, mdW, mdB, rows, D,
+        mTotals = None
+        if const_expr(chunk_major):
+            mTotals = cute.make_tensor(pTotals, cute.make_layout((rows, sums), stride=(sums, 1)))
+        norm_backward_kernel(mdY, mX, _vector(pW, D, plan_.vec), mMean, mRstd, mdX, mdW, mdB, mTotals, rows, D,
                              row_copy(dtype, plan_)).launch(grid=[ctas, 1, 1], block=[plan_.threads, 1, 1],
                                                             stream=stream)
 
@@ -567,11 +594,15 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     partials = x2.new_empty((sets, ctas, d), dtype=torch.float32) if sets else None
     dw = partials[0] if needs[1] else None
     db = partials[sets - 1] if needs[2] else None
+    totals = None  # rows swept in chunks, with dx and a column sum: their row sums between the two sweeps
+    if not key[2].one_pass and needs[0] and sets:
+        totals = x2.new_empty((n, 2 if mean is not None else 1), dtype=torch.float32)
     pointer = _compile.pointer
     _compile.launch(_norm_backward_factory, key, _compile.stream_of(x2), pointer(dy2, align), pointer(x2, align),
                     None if weight is None else pointer(weight, align), None if mean is None else pointer(mean, 4),
                     pointer(rstd, 4), None if dx is None else pointer(dx, align),
-                    None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4), n, d, ctas, *args)
+                    None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4),
+                    None if totals is None else pointer(totals, 4), n, d, ctas, *args)
     sums = _column_sums(partials, x2.dtype)
     return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
 
