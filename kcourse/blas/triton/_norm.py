@@ -29,8 +29,11 @@ reduced: at D = 8192 an SM holds one program (16 warps, ~100 registers a thread)
 prefetch its loads stop during every row's reductions and stores. layer_norm's two row sums are
 one two-operand reduction: one round of shared memory and barriers, not two.
 
-A longer row is swept twice per row for dx (row sums, then dx), and the column sums are taken
-chunk by chunk over the program's rows: x and dy are then read three times instead of once.
+A longer row is swept in ``CHUNK_D`` blocks, twice: row by row for its row sums (kept in a (N, 2)
+float32 scratch when a column sum is wanted too), then block of columns by block over the program's
+rows, adding the column sums and writing that block of dx beside them: x and dy are read twice
+(5NDs bytes; until the twentieth session three times: two sweeps for dx, then the column sums). With
+dx alone the two sweeps are per row; with the column sums alone, only the column sweep.
 
 Column sums: program (j, s) adds the P partials of the ``BLOCK_D`` columns j of set s, in tiles of
 ``SUM_TILE`` elements with ``BLOCK_P = min(next_power_of_2(P), SUM_MAX_BLOCK_P)`` rows: narrow
@@ -171,12 +174,13 @@ def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D
 
 
 @triton.jit
-def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
+def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, totals_ptr,
                          N, D, stride_row, stride_col, rows_per_program,
                          CENTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          ONE_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr):
     # dy, dx: (N, D) contiguous, dx None when not needed; x: (N, D) strided; w: (D,) or None;
-    # mean (CENTER only), rstd: (N,) float32; dw, db: (P, D) float32 partial sums or None.
+    # mean (CENTER only), rstd: (N,) float32; dw, db: (P, D) float32 partial sums or None; totals:
+    # (N, 2) float32 or None, a long row's sums between its two sweeps (dx beside a column sum).
     pid = tl.program_id(0).to(tl.int64)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, N)
@@ -203,7 +207,7 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
             tl.store(dw_ptr + pid * D + cols, tl.sum(acc_w, axis=0), mask=cols < D)
         if db_ptr is not None:
             tl.store(db_ptr + pid * D + cols, tl.sum(acc_b, axis=0), mask=cols < D)
-    else:  # rows longer than a block: dx row by row, then the partial sums block of columns by block
+    else:  # rows longer than a block, one at a time: the row sums row by row, then block of columns by block
         if dx_ptr is not None:
             for row in range(first, last):
                 if CENTER:
@@ -216,18 +220,30 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                     xhat, dy, g = _load_grad_terms(x_row, dy_row, w_ptr, start + cols, mask, stride_col, mean, rstd)
                     sum_gx += tl.sum(g * xhat, axis=0)
                     sum_g += tl.sum(g, axis=0)
-                for start in range(0, D, BLOCK_D):  # sweep 2: dx
-                    mask = start + cols < D
-                    xhat, dy, g = _load_grad_terms(x_row, dy_row, w_ptr, start + cols, mask, stride_col, mean, rstd)
-                    dxhat = g - xhat * (sum_gx / D)
-                    if CENTER:
-                        dxhat -= sum_g / D
-                    tl.store(dx_ptr + row * D + start + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty), mask=mask)
+                if totals_ptr is not None:  # kept for the column sweep, which writes dx
+                    tl.store(totals_ptr + 2 * row, sum_gx)
+                    tl.store(totals_ptr + 2 * row + 1, sum_g)
+                else:
+                    for start in range(0, D, BLOCK_D):  # sweep 2: dx
+                        mask = start + cols < D
+                        xhat, dy, g = _load_grad_terms(x_row, dy_row, w_ptr, start + cols, mask, stride_col, mean,
+                                                       rstd)
+                        dxhat = g - xhat * (sum_gx / D)
+                        if CENTER:
+                            dxhat -= sum_g / D
+                        tl.store(dx_ptr + row * D + start + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty),
+                                 mask=mask)
+        if totals_ptr is not None:
+            tl.debug_barrier()  # the row sums stored above, seen by every thread of the program
         if (dw_ptr is not None) or (db_ptr is not None):
-            for start in range(0, D, BLOCK_D):
+            for start in range(0, D, BLOCK_D):  # the column sums (and with totals dx), over the program's rows
                 mask = start + cols < D
                 acc_w = tl.zeros([BLOCK_D], dtype=tl.float32)
                 acc_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+                w = 1.0
+                if totals_ptr is not None:
+                    if w_ptr is not None:
+                        w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
                 for row in range(first, last):
                     if CENTER:
                         mean = tl.load(mean_ptr + row)
@@ -236,6 +252,13 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                                                    mask, stride_col, mean, rstd)
                     acc_w += dy * xhat
                     acc_b += dy
+                    if totals_ptr is not None:
+                        g = dy * w
+                        dxhat = g - xhat * (tl.load(totals_ptr + 2 * row) / D)
+                        if CENTER:
+                            dxhat -= tl.load(totals_ptr + 2 * row + 1) / D
+                        tl.store(dx_ptr + row * D + start + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty),
+                                 mask=mask)
                 if dw_ptr is not None:
                     tl.store(dw_ptr + pid * D + start + cols, acc_w, mask=mask)
                 if db_ptr is not None:
@@ -301,7 +324,10 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     partials = torch.empty(sets, programs, d, dtype=torch.float32, device=device) if sets else None
     dw = partials[0] if needs[1] else None
     db = partials[sets - 1] if needs[2] else None
-    norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, n, d,
+    totals = None  # long rows with dx and a column sum: dx is written in the column sweep, from these row sums
+    if not options["ONE_BLOCK"] and needs[0] and sets:
+        totals = torch.empty(n, 2, dtype=torch.float32, device=device)
+    norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, totals, n, d,
                                       x2.stride(0), x2.stride(1), rows_per_program,
                                       CENTER=mean is not None, STAGES=BACKWARD_STAGES, **options)
     sums = _column_sums(partials, x2.dtype)
