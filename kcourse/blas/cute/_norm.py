@@ -37,7 +37,7 @@ Backward (``norm_backward_kernel``, P CTAs: one of 512 threads or two of 256 an 
     while the CTA reduces and stores the one before. At the end the CTA adds its row slots'
     accumulators column by column, in order, and writes one row of float32 partials (P, D). A longer
     row is swept in chunks, twice: first row by row for its row sums (kept in a (N, 2) float32 scratch,
-    one thread a row), then chunk by chunk over the CTA's rows, where each chunk of dx is written
+    rms_norm (N, 1), one thread a row), then chunk by chunk over the CTA's rows, where each chunk of dx is written
     beside that chunk's column sums, which stay in registers (x and dy read twice and dx written once:
     5ND elements moved where the minimum is 3ND; triton's backward, and this one until the twentieth
     session, read x and dy three times: a dx sweep row by row and then the column sums). Without a
