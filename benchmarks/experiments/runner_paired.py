@@ -47,9 +47,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--rep", type=int, default=20, help="do_bench's rep per timing, ms")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="", help="the points whose names start with this (e.g. 'softmax fwd')")
     args = parser.parse_args()
     rows = []
     for name, op, dtype, n, (ref, other), direction in points(args.quick):
+        if not name.startswith(args.only):
+            continue
         fns = {b: call_of(op, dtype, n, b, direction) for b in (ref, other)}
         for fn in fns.values():
             fn()

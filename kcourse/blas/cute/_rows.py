@@ -554,12 +554,16 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
     """The forward host function: y = softmax(x) (``log``: log_softmax) along rows of ``rank``
     merged row dims, as ``plan_`` covers them."""
     chunk, vpt = plan_.chunk, plan_.vpt
+    # a row in one CTA, kept in registers: its max, then the sum of exp(x - max), two plain reductions
+    # (the (max, sum) pairs of one reduction wait for two exp2 at each of its levels: 0.4-1.2% slower at
+    # 1024 and 16384 columns, level at 4096 and 8192; benchmarks/experiments/softmax_reductions.py)
+    two = plan_.one_pass and plan_.cluster == 1 and not plan_.across
 
     @cute.kernel
     def softmax_kernel(mX: cute.Tensor, mY: cute.Tensor, sizes: list, M: Int64, N: Int32,
                        tiled_copy: cute.TiledCopy):
         # mX, mY: (N, (row dims)); sizes: the row dims but the outermost, innermost first
-        buffer, peers = reduction_buffer(plan_, 2), cluster_buffer(plan_, 2)
+        buffer, peers = reduction_buffer(plan_, 2, 2 if two else 1), cluster_buffer(plan_, 2)
         cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
@@ -571,16 +575,27 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
         if const_expr(plan_.one_pass):
             pred = chunk_predicate(tXcX, n - first * chunk, vpt)
             x = load_chunk(tiled_copy, thr, x_row, first, chunk, pred, NEG_INF).load().to(Float32)
-            m_t, s_t, e = chunk_lse(x)
-            m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer)
-            m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
-            if const_expr(log):
-                y = (x - m) - cute.math.log(s)
-            else:
-                scale = Float32(0.0)  # a thread of -inf only holds e = 0
-                if m_t != Float32(NEG_INF):
-                    scale = exp2f((m_t - m) * LOG2E)
-                y = e * (scale / s)
+            if const_expr(two):  # (rows past M: m = -inf, e = 0; never stored)
+                (m,) = rows_allreduce((x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0),),
+                                      combine_max, plan_, buffer, 0)
+                e = exp2f((x - shift_of(m)) * LOG2E)
+                (s,) = rows_allreduce((e.reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0),),
+                                      combine_sum, plan_, buffer, 1)
+                if const_expr(log):
+                    y = (x - m) - cute.math.log(s)
+                else:
+                    y = e * (1.0 / s)
+            else:  # a row over a cluster, or rows across a CTA's threads: one reduction of (max, sum) pairs
+                m_t, s_t, e = chunk_lse(x)
+                m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer)
+                m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
+                if const_expr(log):
+                    y = (x - m) - cute.math.log(s)
+                else:
+                    scale = Float32(0.0)  # a thread of -inf only holds e = 0
+                    if m_t != Float32(NEG_INF):
+                        scale = exp2f((m_t - m) * LOG2E)
+                    y = e * (scale / s)
             store_chunk(tiled_copy, thr, y, y_row, first, chunk, pred)
         else:
             state = (Float32(NEG_INF), Float32(0.0))
