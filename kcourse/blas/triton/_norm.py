@@ -59,6 +59,7 @@ BACKWARD_TILE = 4096  # backward: rows of up to this many columns go several at 
 BACKWARD_THREAD_ELEMENTS = 16  # backward: elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
 PREFETCH_ITEMSIZE = 2  # backward: load the next tile ahead for dtypes of at most this many bytes (0: never)
 BACKWARD_STAGES = None  # backward: num_stages of the row loop (None: the compiler's default)
+LONG_ROW_STAGES = 3  # backward, rows longer than ON_CHIP_BACKWARD: num_stages of the sweeps' loops (loads in flight)
 PROGRAMS_PER_SM = 1  # backward: programs per streaming multiprocessor (1 ran fastest on an H200; 2 and 4 measured)
 SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction: tile elements, rows, warps
 
@@ -177,7 +178,8 @@ def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D
 def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, totals_ptr,
                          N, D, stride_row, stride_col, rows_per_program,
                          CENTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                         ONE_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr):
+                         ONE_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+                         LONG_STAGES: tl.constexpr):
     # dy, dx: (N, D) contiguous, dx None when not needed; x: (N, D) strided; w: (D,) or None;
     # mean (CENTER only), rstd: (N,) float32; dw, db: (P, D) float32 partial sums or None; totals:
     # (N, 2) float32 or None, a long row's sums between its two sweeps (dx beside a column sum).
@@ -215,7 +217,7 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                 rstd = tl.load(rstd_ptr + row)
                 x_row, dy_row = x_ptr + row * stride_row, dy_ptr + row * D
                 sum_gx, sum_g = 0.0, 0.0  # sweep 1: the row sums dx needs
-                for start in range(0, D, BLOCK_D):
+                for start in tl.range(0, D, BLOCK_D, num_stages=LONG_STAGES):
                     mask = start + cols < D
                     xhat, dy, g = _load_grad_terms(x_row, dy_row, w_ptr, start + cols, mask, stride_col, mean, rstd)
                     sum_gx += tl.sum(g * xhat, axis=0)
@@ -244,7 +246,7 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                 if totals_ptr is not None:
                     if w_ptr is not None:
                         w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-                for row in range(first, last):
+                for row in tl.range(first, last, num_stages=LONG_STAGES):
                     if CENTER:
                         mean = tl.load(mean_ptr + row)
                     rstd = tl.load(rstd_ptr + row)
@@ -329,7 +331,8 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
         totals = torch.empty(n, 2, dtype=torch.float32, device=device)
     norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, totals, n, d,
                                       x2.stride(0), x2.stride(1), rows_per_program,
-                                      CENTER=mean is not None, STAGES=BACKWARD_STAGES, **options)
+                                      CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
+                                      **options)
     sums = _column_sums(partials, x2.dtype)
     return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
 
