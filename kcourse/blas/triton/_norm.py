@@ -33,7 +33,8 @@ A longer row is swept in ``CHUNK_D`` blocks, twice: row by row for its row sums 
 float32 scratch when a column sum is wanted too), then block of columns by block over the program's
 rows, adding the column sums and writing that block of dx beside them: x and dy are read twice
 (5NDs bytes; until the twentieth session three times: two sweeps for dx, then the column sums). With
-dx alone the two sweeps are per row; with the column sums alone, only the column sweep.
+dx alone the two sweeps are per row; with the column sums alone, only the column sweep. Both loops
+are pipelined (``LONG_ROW_STAGES``), so that the next chunk's or row's loads are in flight.
 
 Column sums: program (j, s) adds the P partials of the ``BLOCK_D`` columns j of set s, in tiles of
 ``SUM_TILE`` elements with ``BLOCK_P = min(next_power_of_2(P), SUM_MAX_BLOCK_P)`` rows: narrow
