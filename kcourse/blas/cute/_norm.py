@@ -596,7 +596,7 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     db = partials[sets - 1] if needs[2] else None
     totals = None  # rows swept in chunks, with dx and a column sum: their row sums between the two sweeps
     if not key[2].one_pass and needs[0] and sets:
-        totals = x2.new_empty((n, 2 if mean is not None else 1), dtype=torch.float32)
+        totals = _compile.workspace((_norm_backward_factory, key), x2, n * (2 if mean is not None else 1))
     pointer = _compile.pointer
     _compile.launch(_norm_backward_factory, key, _compile.stream_of(x2), pointer(dy2, align), pointer(x2, align),
                     None if weight is None else pointer(weight, align), None if mean is None else pointer(mean, 4),

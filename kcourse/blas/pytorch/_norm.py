@@ -7,6 +7,8 @@ With xhat = (x - mean) * rstd (``mean = 0`` for rms_norm) and g = dy * weight:
 """
 import torch
 
+from .._layout import rows_of
+
 
 def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
     """``t`` in float32 (float64 stays float64); None stays None."""
@@ -15,9 +17,9 @@ def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def norm_backward(dout, x, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm."""
-    n, d = x.shape[:-1].numel(), x.shape[-1]  # (n, not -1: a reshape to (-1, 0) is ambiguous)
-    dy = upcast(dout).reshape(n, d)  # (N, D)
-    xhat = upcast(x).reshape(n, d)
+    d = x.shape[-1]
+    dy = rows_of(upcast(dout))  # (N, D)
+    xhat = rows_of(upcast(x))
     if mean is not None:
         xhat = xhat - mean.reshape(-1, 1)
     xhat = xhat * rstd.reshape(-1, 1)
