@@ -60,6 +60,17 @@ def triton_chunks(monkeypatch):
     monkeypatch.setattr(_norm, "CHUNK_D", 128)
 
 
+@pytest.fixture
+def tf32():
+    """TF32 matmuls on for the test, restored after. (Not monkeypatch.setattr: torch's
+    ``allow_tf32`` is a property of a module object, which monkeypatch cannot undo on pytest 9.2.)"""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    yield
+    matmul.allow_tf32 = before
+
+
 @pytest.fixture(autouse=True)
 def _release_gpu_memory(request):
     """A realistic-size test hands its memory back to the driver, so workers sharing the GPU fit."""

@@ -114,9 +114,8 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
         assert not cache[0].is_contiguous()
 
 
-def test_tf32_mode_and_partial_gradients(monkeypatch):
+def test_tf32_mode_and_partial_gradients(monkeypatch, tf32):
     seen = compiled_kernels(monkeypatch)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     run(1, 2, 1, 40, 33, 64, torch.float32, False, needs=(False, True, False))
     assert [name for name, _ in seen] == ["_fwd_factory", "_delta_factory", "_dkdv_factory"], seen
     assert seen[0][1][1] == "tf32"
