@@ -1,9 +1,10 @@
 """Benchmark every kcourse.blas op on every backend against ceilings measured in the same run.
 
-    python benchmarks/run.py --out benchmarks/results/h100                         # full sweep, CUDA
-    python benchmarks/run.py --out /tmp/b --ops gemm,dot --backends pytorch,triton --quick
-    python benchmarks/run.py --out /tmp/b --ops softmax,attention --quick          # transformer primitives
-    python benchmarks/run.py --out /tmp/b --device cpu --quick                      # smoke test, no GPU
+    python -m benchmarks.run --out /tmp/bench                                      # full sweep, CUDA
+    python -m benchmarks.run --out /tmp/b --ops gemm,dot --backends pytorch,triton --quick
+    python -m benchmarks.run --out /tmp/b --ops softmax,attention --quick          # transformer primitives
+    python -m benchmarks.run --out /tmp/b --device cpu --quick                      # smoke test, no GPU
+    python -m benchmarks.history add /tmp/bench/results.json                       # into the history
 
 Method
 ------
@@ -79,7 +80,6 @@ import importlib
 import json
 import math
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -90,12 +90,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # summarize.py, next to this file
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # kcourse, without installing it
-
-import kcourse  # noqa: E402
-from kcourse import blas  # noqa: E402
-from summarize import plot_all, shape_text, summary_markdown  # noqa: E402
+import kcourse
+from benchmarks import timing
+from benchmarks.summarize import plot_all, shape_text, summary_markdown
+from kcourse import blas
 
 # ----------------------------------------------------------------------------- configuration
 
@@ -347,19 +345,10 @@ OPS = {op.name: op for op in [
 
 
 def cuda_timer(warmup: int, rep: int) -> Callable[[Callable], float]:
-    from triton.testing import do_bench
-    return lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    return timing.timer("cuda", warmup, rep)
 
 
-def cpu_timer(fn: Callable, calls: int = 7) -> float:
-    """Median wall time of ``calls`` calls, in ms, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+cpu_timer = timing.cpu_ms
 
 
 def sync(device: str) -> None:
@@ -566,13 +555,9 @@ def python_skip(op: Op, n, device: str) -> str | None:
 
 def copy_bandwidth(device: str, timer) -> tuple[float, int]:
     """GB/s of ``dst.copy_(src)`` on a large float32 buffer (bytes read + written)."""
-    n = COPY_CEILING_ELEMENTS[device]
-    src = randn(n, dtype=F32, device=device)
-    dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
-    del src, dst
+    bytes_per_s, n = timing.copy_bandwidth(device, timer, COPY_CEILING_ELEMENTS[device])
     free(device)
-    return 2 * n * 4 / (ms * 1e-3) / 1e9, n
+    return bytes_per_s / 1e9, n
 
 
 def peak_memory(call: Callable, inputs: tuple, grads: tuple, grad_out: torch.Tensor, device: str) -> int | None:

@@ -1,26 +1,34 @@
-"""The benchmark runner's bookkeeping (``benchmarks/run.py``), on the CPU: with interleaved rounds
-every fraction is still the point's rate over its ceiling, and the speed-up over torch eager its
-time over eager's, from the times the rounds kept."""
-import importlib.util
-import sys
+"""The benchmark runner's bookkeeping (``benchmarks/run.py``) and its history (``benchmarks/history.py``),
+on the CPU: with interleaved rounds every fraction is still the point's rate over its ceiling, and the
+speed-up over torch eager its time over eager's; a run's JSON becomes history rows once; the README's
+performance table is what the history says."""
+import importlib
+import json
 from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def runner():
-    spec = importlib.util.spec_from_file_location("kcourse_benchmark_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def bench():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT))  # benchmarks/ is a package of the source checkout, not installed
+        return importlib.import_module("benchmarks.run"), importlib.import_module("benchmarks.history")
+
+
+@pytest.fixture(scope="module")
+def cpu_run(bench, tmp_path_factory):
+    runner, _ = bench
+    out = tmp_path_factory.mktemp("bench")
+    return out, runner.main(["--out", str(out), "--device", "cpu", "--quick", "--ops", "copy,gemm,softmax",
+                             "--backends", "pytorch", "--rounds", "3"])
 
 
 @pytest.mark.parametrize("rounds", [1, 3])
-def test_rounds_keep_fractions_consistent(runner, tmp_path, rounds):
+def test_rounds_keep_fractions_consistent(bench, tmp_path, rounds):
+    runner, _ = bench
     results = runner.main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--ops", "copy,gemm,softmax",
                            "--backends", "pytorch", "--rounds", str(rounds)])
     assert results["meta"]["rounds"] == rounds
@@ -37,3 +45,33 @@ def test_rounds_keep_fractions_consistent(runner, tmp_path, rounds):
             assert p["fraction"] == pytest.approx(p["gbs"] / copy_gbs)
         if p["op"] == "softmax" and p is not ref:  # and the speed-up over torch eager
             assert p["speedup_vs_eager"] == pytest.approx(ref["ms"] / p["ms"])
+
+
+def test_history_rows_of_a_run(bench, cpu_run, tmp_path):
+    _, history = bench
+    out, results = cpu_run
+    rows = history.rows_from_file(out / "results.json")
+    fields = {"op", "backend", "shape", "dtype", "direction", "ms", "device", "date", "versions"}
+    assert rows and all(fields <= set(r) for r in rows)
+    assert len(rows) == sum(p["status"] == "ok" and p["checked"] for p in results["points"])
+    softmax = [r for r in rows if r["op"] == "softmax" and not r.get("role")]
+    assert softmax and all(r["baseline"] == "F.softmax" and r["ratio"] > 0 for r in softmax)
+    file = tmp_path / "history.jsonl"
+    assert history.add([out / "results.json"], file) == len(rows)
+    assert history.add([out / "results.json"], file) == 0  # a run is added once
+    assert [json.loads(line) for line in file.read_text().splitlines()] == history.load(file)
+    written = history.write_latest(history.load(file), tmp_path / "latest")
+    assert (tmp_path / "latest" / "cpu.md") in written
+
+
+def test_history_file_parses():
+    path = ROOT / "benchmarks" / "results" / "history.jsonl"
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        row = json.loads(line)
+        assert {"op", "backend", "shape", "dtype", "direction", "ms", "device", "date"} <= set(row), number
+
+
+def test_readme_performance_table_is_current(bench):
+    _, history = bench
+    assert history.readme_section() == history.readme_table(history.load()), \
+        "README.md's performance table is stale: run `python -m benchmarks.history readme`"

@@ -1,0 +1,351 @@
+"""The benchmark history: one append-only JSONL file of every measurement, and the latest per device.
+
+    python -m benchmarks.history add OUT/results.json [more.json ...]   # append a run (benchmarks/run.py's JSON)
+    python -m benchmarks.history add OUT/gpt.json                        # or a training run (benchmarks/gpt.py's JSON)
+    python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
+    python -m benchmarks.history readme                                  # rewrite README.md's performance table
+
+``benchmarks/results/history.jsonl`` holds one JSON object a line, one line per measured point:
+
+    op, backend, shape, dtype, direction   what was timed (``backend`` is torch's own op for a reference row)
+    ms                                     median milliseconds of one call
+    rate, unit                             GB/s of the minimal traffic or TFLOP/s (tokens/s for training)
+    fraction, ceiling                      rate over the ceiling measured in the same run, and its name
+                                           (``copy_ bandwidth``, ``torch.matmul``, ``F.sdpa``)
+    goal                                   the fraction the point must reach (target points only)
+    baseline, ratio                        torch's eager op (or torch.nn for training) and its time over ours
+    role                                   ``ceiling`` or ``eager`` on torch's own rows, absent on ours
+    device, date, versions, commit         where, when (UTC) and with what it ran; ``commit`` ends in
+                                           ``+dirty`` when kcourse/ had uncommitted changes
+    mode                                   training only: ``eager`` or ``graphed`` (CUDA graph)
+
+Only points that ran and passed their correctness check are recorded. A run is identified by its
+(device, date): adding it twice adds nothing. ``latest`` keeps, per device, the newest row of each
+(op, backend, shape, dtype, direction, mode) and writes ``latest/<device>.md`` (the target points
+and training throughput) and ``latest/<device>.png`` (fraction of the ceiling at the target points).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.summarize import shape_text
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+HISTORY = RESULTS / "history.jsonl"
+LATEST = RESULTS / "latest"
+README = ROOT / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+KEY = ("op", "backend", "shape", "dtype", "direction", "mode")
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA H200' -> 'h200', 'CPU (x86_64)' -> 'cpu'."""
+    if name.lower().startswith("cpu"):
+        return "cpu"
+    match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", name)
+    return (match.group(1) if match else re.sub(r"\W+", "-", name)).lower()
+
+
+def _round(x, digits=4):
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def _clean(row: dict) -> dict:
+    return {k: v for k, v in row.items() if v is not None and v is not False}
+
+
+# ----------------------------------------------------------------------------- reading runs
+
+
+def rows_from_bench(results: dict) -> list[dict]:
+    """The rows of one ``benchmarks/run.py`` results.json: every point that ran and was checked."""
+    meta = results["meta"]
+    commit = meta.get("git_commit")
+    if commit and meta.get("git_dirty"):
+        commit += "+dirty"
+    common = dict(device=meta["device_name"], date=meta["date_utc"], commit=commit,
+                  versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)})
+    eager_name = {(p["op"], p["dtype"], tuple(p["shape"]), p.get("causal"), p.get("direction", "fwd")): p["backend"]
+                  for p in results["points"] if p.get("eager_point")}
+    rows = []
+    for p in results["points"]:
+        if p["status"] != "ok" or not p.get("checked") or p.get("ms") is None:
+            continue
+        direction = p.get("direction", "fwd")
+        tflops = p.get("tflops")
+        role = "ceiling" if p.get("ceiling_point") else "eager" if p.get("eager_point") else None
+        rows.append(_clean(dict(
+            op=p["op"], backend=p["backend"], shape=shape_text(p), dtype=p["dtype"], direction=direction,
+            ms=_round(p["ms"]), rate=_round(tflops if tflops is not None else p.get("gbs")),
+            unit="TFLOP/s" if tflops is not None else "GB/s", fraction=_round(p.get("fraction")),
+            ceiling=p.get("ceiling_name"),
+            goal=p.get("target_fraction") if p.get("target") and not role else None,
+            baseline=eager_name.get((p["op"], p["dtype"], tuple(p["shape"]), p.get("causal"), direction))
+            if p.get("speedup_vs_eager") is not None else None,
+            ratio=_round(p.get("speedup_vs_eager")), role=role, **common)))
+    return rows
+
+
+def rows_from_gpt(results: dict) -> list[dict]:
+    """The rows of one ``benchmarks/gpt.py`` gpt.json: tokens/s of a training step, each model
+    beside torch.nn's eager step."""
+    meta = results["meta"]
+    shape = f"{meta['arch']} {meta['parameters'] / 1e6:.1f}M B{meta['batch']} T{meta['block_size']}"
+    reference = results.get("torch.nn", {}).get("step_ms")
+    rows = []
+    for name, run in results.items():
+        if not isinstance(run, dict) or "tokens_per_s" not in run:
+            continue
+        mode = "graphed" if name.endswith(" graphed") else "eager"
+        model = name.removesuffix(" graphed")
+        backend = model.split("/", 1)[1] if model.startswith("kcourse/") else model
+        rows.append(_clean(dict(
+            op="gpt_train", backend=backend, shape=shape, dtype=meta["dtype"], direction="train", mode=mode,
+            ms=_round(run["step_ms"]), rate=_round(run["tokens_per_s"]), unit="tokens/s",
+            baseline="torch.nn eager" if reference else None,
+            ratio=_round(reference / run["step_ms"]) if reference else None,
+            role="baseline" if model == "torch.nn" else None,
+            device=meta["device"], date=meta["date_utc"],
+            versions={"torch": meta["torch"], **({"triton": meta["triton"]} if meta.get("triton") else {})},
+            commit=meta.get("git_commit"))))
+    return rows
+
+
+def rows_from_file(path: Path) -> list[dict]:
+    """The rows of a run's JSON, whichever runner wrote it; [] for anything else."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(results, dict) or "meta" not in results:
+        return []
+    if "points" in results:
+        return rows_from_bench(results)
+    if "torch.nn" in results:
+        return rows_from_gpt(results)
+    return []
+
+
+# ----------------------------------------------------------------------------- the history file
+
+
+def load(path: Path = HISTORY) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def add(paths: list[Path], history: Path = HISTORY) -> int:
+    """Append the rows of each run not yet in the history; the number of rows appended."""
+    seen = {(r["device"], r["date"], r["op"]) for r in load(history)}
+    new = []
+    for path in paths:
+        rows = [r for r in rows_from_file(path) if (r["device"], r["date"], r["op"]) not in seen]
+        if not rows and not rows_from_file(path):
+            print(f"{path}: not a benchmarks/run.py or benchmarks/gpt.py result, skipped", file=sys.stderr)
+        new += rows
+        seen |= {(r["device"], r["date"], r["op"]) for r in rows}
+    history.parent.mkdir(parents=True, exist_ok=True)
+    with history.open("a") as f:
+        for row in sorted(new, key=lambda r: r["date"]):
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+    return len(new)
+
+
+def latest(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per device slug, the newest row of each (op, backend, shape, dtype, direction, mode)."""
+    newest: dict[tuple, dict] = {}
+    for r in rows:
+        key = (device_slug(r["device"]), *(r.get(k) for k in KEY))
+        if key not in newest or r["date"] >= newest[key]["date"]:
+            newest[key] = r
+    by_device = defaultdict(list)
+    for key, r in newest.items():
+        by_device[key[0]].append(r)
+    return dict(sorted(by_device.items()))
+
+
+# ----------------------------------------------------------------------------- the summaries
+
+OP_ORDER = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm", "softmax", "log_softmax",
+            "cross_entropy", "layer_norm", "rms_norm", "attention", "gpt_train")
+BACKENDS = ("python", "pytorch", "triton", "cute")
+
+
+def _order(r: dict):
+    op = OP_ORDER.index(r["op"]) if r["op"] in OP_ORDER else len(OP_ORDER)
+    backend = BACKENDS.index(r["backend"]) if r["backend"] in BACKENDS else -1
+    direction = ("fwd", "bwd").index(r["direction"]) if r["direction"] in ("fwd", "bwd") else 2
+    return op, direction, r["dtype"], r["shape"], backend, r["backend"]
+
+
+def target_rows(rows: list[dict]) -> list[dict]:
+    return sorted((r for r in rows if r.get("goal") is not None), key=_order)
+
+
+def _met(r: dict) -> str:
+    met = r["fraction"] >= r["goal"] and (r.get("ratio") is None or r["ratio"] >= 1)
+    return "met" if met else "missed"
+
+
+def device_markdown(slug: str, rows: list[dict]) -> str:
+    """``latest/<device>.md``: the newest target points and training throughput of one device."""
+    dates = sorted({r["date"][:10] for r in rows})
+    names = sorted({r["device"] for r in rows})
+    versions = sorted({", ".join(f"{k} {v}" for k, v in r["versions"].items()) for r in rows if r.get("versions")})
+    out = [f"# Latest benchmark results: {', '.join(names)}", "",
+           f"Generated by `python -m benchmarks.history latest` from [`history.jsonl`](../history.jsonl): the newest "
+           f"measurement of each point, taken {dates[0]} to {dates[-1]} (UTC) with {'; '.join(versions)}. "
+           "How each point is measured: [`benchmarks/README.md`](../../README.md).", "",
+           f"![fraction of the ceiling at the target points]({slug}.png)", "",
+           "## Target points", "",
+           "| op | dir | shape | dtype | backend | ms | rate | fraction of ceiling | vs torch eager | goal | result | date |",
+           "|---|---|---|---|---|---:|---:|---:|---:|---|---|---|"]
+    for r in target_rows(rows):
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
+        out.append(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['dtype']} | {r['backend']} | {r['ms']:.4f} "
+                   f"| {r['rate']:.4g} {r['unit']} | {r['fraction']:.3f} of {r['ceiling']} | {ratio} "
+                   f"| >= {r['goal']:.2f} | {_met(r)} | {r['date'][:10]} |")
+    train = sorted((r for r in rows if r["op"] == "gpt_train"), key=lambda r: (r["shape"], r.get("mode", ""), _order(r)))
+    if train:
+        out += ["", "## GPT training step (`benchmarks/gpt.py`)", "",
+                "| model | backend | mode | dtype | ms / step | tokens/s | vs torch.nn eager | date |",
+                "|---|---|---|---|---:|---:|---:|---|"]
+        for r in train:
+            ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
+            out.append(f"| {r['shape']} | {r['backend']} | {r.get('mode', '-')} | {r['dtype']} | {r['ms']:.2f} "
+                       f"| {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
+    return "\n".join(out) + "\n"
+
+
+def device_plot(slug: str, rows: list[dict], path: Path) -> None:
+    """A small bar chart: each backend's range of fractions of the ceiling over an op's target points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = defaultdict(list)
+    for r in target_rows(rows):
+        groups[(f"{r['op']} {r['direction']}", r["backend"])].append(r["fraction"])
+    labels = list(dict.fromkeys(k[0] for k in groups))
+    backends = [b for b in BACKENDS if any(k[1] == b for k in groups)]
+    colors = {"python": "tab:gray", "pytorch": "tab:blue", "triton": "tab:orange", "cute": "tab:green"}
+    fig, ax = plt.subplots(figsize=(6.4, 0.28 * len(labels) + 1.0))
+    height = 0.8 / max(len(backends), 1)
+    for i, b in enumerate(backends):
+        ys, lo, hi = [], [], []
+        for j, label in enumerate(labels):
+            if (label, b) in groups:
+                ys.append(j + (i - (len(backends) - 1) / 2) * height)
+                lo.append(min(groups[label, b]))
+                hi.append(max(groups[label, b]))
+        ax.barh(ys, hi, height=height, color=colors.get(b), alpha=0.35)
+        ax.barh(ys, lo, height=height, color=colors.get(b), label=b)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("fraction of the ceiling (lowest solid, highest light)", fontsize=7)
+    ax.set_title(f"{slug}: target points, newest results", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def write_latest(rows: list[dict], out: Path = LATEST) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for slug, device_rows in latest(rows).items():
+        md = out / f"{slug}.md"
+        md.write_text(device_markdown(slug, device_rows))
+        written.append(md)
+        if target_rows(device_rows):
+            try:
+                device_plot(slug, device_rows, out / f"{slug}.png")
+                written.append(out / f"{slug}.png")
+            except ImportError:
+                print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+    return written
+
+
+def readme_table(rows: list[dict]) -> str:
+    """README.md's performance table: per (op, direction), each device's backends with the range of
+    their fractions of the ceiling over the target points (training: tokens/s over torch.nn eager)."""
+    per_device = latest(rows)
+    devices = [d for d in per_device if d != "cpu"]
+    cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    ceilings = {}
+    for d in devices:
+        for r in target_rows(per_device[d]):
+            cells[(r["op"], r["direction"])][d].append(r)
+            ceilings[(r["op"], r["direction"])] = r["ceiling"]
+        for r in per_device[d]:
+            if r["op"] == "gpt_train" and r.get("ratio") is not None and r.get("role") != "baseline":
+                cells[("gpt_train", r.get("mode", "eager"))][d].append(r)
+
+    def span(values):
+        lo, hi = min(values), max(values)
+        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+
+    def dates(d):
+        days = sorted({r["date"][:10] for r in per_device[d]})
+        return days[0] if days[0] == days[-1] else f"{days[0]} to {days[-1]}"
+
+    head = ["| op | dir | of | " + " | ".join(f"[{d.upper()}](benchmarks/results/latest/{d}.md), {dates(d)}"
+                                              for d in devices) + " |",
+            "|---|---|---|" + "---|" * len(devices)]
+    lines = []
+    for (op, direction) in sorted(cells, key=lambda k: (OP_ORDER.index(k[0]) if k[0] in OP_ORDER else 99, k[1] != "fwd", k[1])):
+        row = []
+        for d in devices:
+            by_backend = defaultdict(list)
+            for r in cells[(op, direction)].get(d, []):
+                by_backend[r["backend"]].append(r["ratio"] if op == "gpt_train" else r["fraction"])
+            row.append(" · ".join(f"{b} {span(v)}" for b, v in sorted(
+                by_backend.items(), key=lambda kv: BACKENDS.index(kv[0]) if kv[0] in BACKENDS else -1)) or "-")
+        of = "torch.nn eager" if op == "gpt_train" else ceilings[(op, direction)]
+        lines.append(f"| {op} | {direction} | {of} | " + " | ".join(row) + " |")
+    return "\n".join(head + lines)
+
+
+def write_readme(rows: list[dict], readme: Path = README) -> None:
+    text = readme.read_text()
+    head, rest = text.split(START)
+    _, tail = rest.split(END)
+    readme.write_text(f"{head}{START}\n{readme_table(rows)}\n{END}{tail}")
+
+
+def readme_section(readme: Path = README) -> str:
+    text = readme.read_text()
+    return text[text.index(START) + len(START):text.index(END)].strip()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_add = sub.add_parser("add", help="append runs' JSON to history.jsonl, then rewrite latest/ and the README table")
+    p_add.add_argument("runs", nargs="+", type=Path)
+    sub.add_parser("latest", help="rewrite latest/<device>.md and .png from history.jsonl")
+    sub.add_parser("readme", help="rewrite README.md's performance table from history.jsonl")
+    args = parser.parse_args(argv)
+    if args.command == "add":
+        print(f"appended {add(args.runs)} rows to {HISTORY.relative_to(ROOT)}")
+    rows = load()
+    if args.command in ("add", "latest"):
+        for path in write_latest(rows):
+            print("wrote", path.relative_to(ROOT))
+    if args.command in ("add", "readme"):
+        write_readme(rows)
+        print("wrote README.md's performance table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
