@@ -1,6 +1,6 @@
-"""Experiment (issues 3 and 6): is a backend's attention forward at T = 1k bound by the GPU or by the host?
+"""Experiment: is a backend's attention forward at T = 1k bound by the GPU or by the host?
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/attention_host.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.attention_host OUT.json
 
 For SDPA, triton and cute, bfloat16, 16 heads, B = 16, T = 1024, D = 128, causal and not, inputs in
 SDPA's layout that require grad (as the runner's): the forward timed as the runner times it (do_bench,
@@ -20,38 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms, graph_ms, host_us
 
 import kcourse
-
-
-def host_us(fn, calls=200):
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return round(elapsed / calls * 1e6, 1)
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (after a warm-up call on a side stream): its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def graph_ms(fn):
-    """do_bench of ``fn`` captured in a CUDA graph (its kernels without the host)."""
-    return do_bench(graphed(fn), warmup=25, rep=100, return_mode="median")
 
 
 class _Identity(torch.autograd.Function):
@@ -127,8 +98,7 @@ def main():
             row[f"{name} graph ms"] = round(graph_ms(kernels[name]), 4)
         for _ in range(args.rounds):
             for name, fn in calls.items():
-                row.setdefault(f"{name} runner ms", []).append(round(do_bench(fn, warmup=25, rep=100,
-                                                                              return_mode="median"), 4))
+                row.setdefault(f"{name} runner ms", []).append(round(bench_ms(fn), 4))
                 row.setdefault(f"{name} host us", []).append(host_us(fn))
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -1,10 +1,10 @@
-"""Experiment (issue 6): one call of SDPA and one of the cute Hopper attention, between
+"""Experiment: one call of SDPA and one of the cute Hopper attention, between
 cudaProfilerStart and cudaProfilerStop, for Nsight Compute to read (launch configuration, occupancy,
 pipe utilization, warp stalls) -- what a kernel does that timing alone does not show.
 
     source .cute/activate.sh && PYTHONPATH=. ncu --profile-from-start off --clock-control none \\
         --section LaunchStats --section Occupancy --section SpeedOfLight --section ComputeWorkloadAnalysis \\
-        --section WarpStateStats python benchmarks/experiments/attention_ncu.py 1024 full fwd
+        --section WarpStateStats python -m benchmarks.experiments.attention_ncu 1024 full fwd
 
 Arguments: T (16 heads, B T = 16384 tokens, D = 128, bfloat16, as the runner), full or causal, fwd or
 bwd, and optionally which of sdpa and cute (both by default). Each runs a few times first (compiles,

@@ -1,8 +1,8 @@
-"""Experiment (issue 6): the work-unit variants of the cute Hopper attention kernels, checked and timed
+"""Experiment: the work-unit variants of the cute Hopper attention kernels, checked and timed
 against each other and SDPA in one process.
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_attention_units.py OUT.json --backward
+    source .cute/activate.sh && python -m benchmarks.experiments.cute_attention_units OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.cute_attention_units OUT.json --backward
     ... --check: the checks only (with --backward: forward and backward)
     ... --api: the backward through the kernels, the backend's function and autograd, timed
     ... --only tile+p+kv3,paired+p+kv3: check only these variants (each against ``tile``)
@@ -27,15 +27,15 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     ...+kv3     (forward) three K and V stages, one Q buffer, no overlap (at D = 128 the two Q buffers of
                 the overlap and three K/V stages do not fit together)
     ...+o+k3, ...+o+v3  (forward) the overlap with three K stages and two V stages, or the reverse
-                (thirteenth session: 224 KB at D = 128)
+                (224 KB at D = 128)
     sched...    (forward) single tiles on a persistent grid, each CTA walking its row of a host-made table
                 (``scheduled``: ``_attention_fwd_sm90.schedule``)
     ...+s       (forward) the epilogue through shared memory and a TMA store (``tma_store``; two V
                 stages, or three (``+s+v3``) with one Q buffer: 224 KB at D = 128 either way)
     config      the configured variant (``config``)
-    config+pp   (forward) the configured variant with ``pingpong`` (nineteenth session, before the causal
-                ``config`` took it); ...-o+v3, -o+k3: without the overlap, one Q buffer, a third V or K stage
-    (nineteenth session, measured with a kernel patch not kept: results/h100-2026-11-25-session19/trim-pv.patch)
+    config+pp   (forward) the configured variant with ``pingpong`` (the causal ``config``
+                takes it); ...-o+v3, -o+k3: without the overlap, one Q buffer, a third V or K stage
+    (measured with a kernel patch that was not kept)
     config+t    (forward) ``trim``: P V skips the keys none of a warpgroup's rows sees (warpgroup 0's second
                 half on the causal diagonal): bit-identical and 1-3% slower at D = 128, 22% at D = 64; trimming
                 S = Q K^T the same way (N = 64 WGMMAs into half the accumulator) made ptxas serialize every
@@ -43,7 +43,7 @@ otherwise one CTA a unit. The variants (``attention_fwd_sm90`` / ``attention_bwd
     ...+s, +S   (backward, ``BACKWARD``) dK and dV through shared memory and TMA stores (``tma_store``),
                 or (``+S``) from the registers (4-byte stores)
     config=     the configured variant again, under another name: how far one kernel's times spread
-    (twentieth session, measured with kernel knobs not kept: results/h100-2026-11-26-session20/variants.patch)
+    (measured with kernel knobs that were not kept)
     config+sm   a tile's first key tile masked only where it needs it (adopted: the kernel does so now)
     config+eq   the producer loads the next tile's Q right after this tile's first K and V
     config+lw   the wait for P V kept after the softmax in the SASS (a never-taken branch ends the block)
@@ -57,7 +57,7 @@ and tile+p): do_bench medians over two interleaved rounds (the faster), TFLOP/s 
 Each round times the calls in another order (a rotation). ``--paired``: many short rounds (do_bench
 rep = 20 ms) and, beside the fastest, the quartiles over rounds of SDPA's time over each variant's in the
 same round, which a drift of the clocks moves far less than a ratio of two fastest times (the same kernel
-under two names differed by 4% in the fastest-of-six, 0.5% in the paired median; session 20).
+under two names differed by 4% in the fastest-of-six, 0.5% in the paired median).
 """
 import argparse
 import json
@@ -66,7 +66,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
 from kcourse.blas.cute import _attention_bwd_sm90 as bwd90
 from kcourse.blas.cute import _attention_fwd_sm90 as fwd90
@@ -102,7 +102,7 @@ OVERLAP = {"paired+o": dict(paired=True, persistent=False, overlap=True, q_stage
            "sched+p+s": dict(paired=False, persistent=True, scheduled=True, overlap=False, q_stages=1, v_stages=2,
                              tma_store=True),
            "config": {},
-           # the configured walk with ping-pong (taken by ``config`` with the mask since the nineteenth session),
+           # the configured walk with ping-pong (taken by ``config`` with the mask),
            # and with ping-pong but neither the overlap nor its second Q buffer: a third V or K stage instead
            "config+pp": {"pingpong": True},
            "config+pp-o+v3": {"pingpong": True, "overlap": False, "q_stages": 1, "v_stages": 3},
@@ -238,8 +238,7 @@ def bench(out_path, failures, backward_too, lengths=(1024, 2048, 4096, 8192, 163
                 for r in range(rounds):  # interleaved rounds, each in another order: the fastest of each
                     times = {}
                     for name in order[r % len(order):] + order[:r % len(order)]:
-                        times[name] = do_bench(fns[name], warmup=5 if paired else 25, rep=20 if paired else 100,
-                                               return_mode="median")
+                        times[name] = bench_ms(fns[name], 5 if paired else 25, 20 if paired else 100)
                         ms[name] = min(ms.get(name, times[name]), times[name])
                     per_round.append(times)
                 for name, t in ms.items():
@@ -281,7 +280,7 @@ def api(out_path):
             ms = {}
             for _ in range(2):
                 for name, fn in fns.items():
-                    t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    t = bench_ms(fn)
                     ms[name] = min(ms.get(name, t), t)
             row = {"T": T, "causal": causal, **{n: round(t, 4) for n, t in ms.items()}}
             rows.append(row)

@@ -1,8 +1,8 @@
-"""Experiment (issue 6): the cute Hopper backward's dQ postprocess (dq = c dQaccum rounded to the dtype),
-its stores as the dQ product's fragment puts them (4-byte pairs: session 12's kernel, kept here as
+"""Experiment: the cute Hopper backward's dQ postprocess (dq = c dQaccum rounded to the dtype),
+its stores as the dQ product's fragment puts them (4-byte pairs, the earlier kernel, kept here as
 ``PostprocessPairs``) against the shipped kernel's 16-byte rows (``_attention_bwd_sm90._Postprocess``).
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_dq_postprocess.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.cute_dq_postprocess OUT.json
 
 bfloat16, 16 heads, B T = 16384, D = 64 and 128, T = 1k..16k: both kernels on the same dQaccum
 (random float32), the results compared bit for bit, do_bench medians (L2 flushed), three interleaved
@@ -17,7 +17,7 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
 from kcourse.blas.cute import _compile
 from kcourse.blas.cute import _attention_bwd_sm90 as M
@@ -25,7 +25,7 @@ from kcourse.blas.cute._attention_fwd import mn_view
 
 
 class PostprocessPairs(M._Postprocess):
-    """Session 12's postprocess (the host side is the shipped kernel's): thread t of warpgroup w reads
+    """The earlier postprocess (the host side is the shipped kernel's): thread t of warpgroup w reads
     its dQ registers back (16-byte loads, the main kernel's order) and stores them where the dQ
     product's thread-to-element map puts them."""
 
@@ -76,7 +76,7 @@ def main():
             ms = {}
             for _ in range(3):
                 for name, fn in fns.items():
-                    t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    t = bench_ms(fn)
                     ms[name] = min(ms.get(name, t), t)
             row.update({f"{name} us": round(t * 1e3, 2) for name, t in ms.items()})
             rows.append(row)

@@ -1,27 +1,25 @@
-"""Experiment (issue 6): the two row-wise points where cute trailed triton (bfloat16 32768 x 8192: the
+"""Experiment: the two row-wise points where cute trailed triton (bfloat16 32768 x 8192: the
 cross_entropy forward and the layer_norm backward), timed against triton in one process, then each
 kernel's device time.
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/cute_rows_gaps.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.cute_rows_gaps OUT.json
 
 cross_entropy forward (reduction "mean", the runner's) and layer_norm backward (weight and bias: dx,
 dweight, dbias), triton against cute, each result compared with torch in float32. do_bench medians
 (L2 flushed), three interleaved rounds, the fastest kept; then each kernel's device time
-(torch.profiler, ``kernel_times``). The variants measured with it (threads per row, CTAs per SM with
-and without an occupancy hint, CTA pairs for the partials) are in the session 11 and 12 results
-READMEs.
+(torch.profiler, ``kernel_times``). Variants measured with it and not kept: threads per row, CTAs per SM
+with and without an occupancy hint, CTA pairs for the partials.
 
 ``--norm-variants``: instead, the norm backward (``--ops``, op:dtype pairs; ``--dims``, row lengths,
 2^28 elements each) with each variant of ``_norm``'s launch (``NORM_VARIANTS``: threads per CTA, CTAs
 per SM, the next row staged in shared memory; "config" is ``backward_launch``'s choice) against
 triton, in the same interleaved rounds, with each kernel's device time at D = 8192; every variant's
-gradients are compared with torch's and with two CTAs of 256 threads'. Session 17 also measured a
-named barrier per row slot at 512 threads (slower: 0.586 against 0.582 ms, layer_norm bf16).
+gradients are compared with torch's and with two CTAs of 256 threads'. A named barrier per row slot
+at 512 threads measured slower (0.586 against 0.582 ms, layer_norm bf16).
 
 ``--row-variants``: the softmax forward and backward (bf16 and f32, ``--dims``) with the shipped
-plans ("config") and with 256-thread CTAs, against triton (in session 17 "config" was 512-thread
-CTAs over rows kept in registers in both directions; the forward has kept 256 since). Session 17
-also measured a row across all 512 threads (16 elements a thread: 0.5262 ms backward bf16 against
+plans ("config") and with 256-thread CTAs, against triton. Measured and not adopted: 512-thread CTAs for
+the forward (float32 1-2% slower), a row across all 512 threads (16 elements a thread: 0.5262 ms backward bf16 against
 0.5261 for two rows of 256) and, through a plan hook since removed, the cross_entropy forward at 512
 threads (0.197 / 0.192 ms against 0.1907 with 256: not adopted).
 """
@@ -31,7 +29,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
 from kcourse.blas.cute import (_norm, _rows, cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms,
                                softmax as cute_sm)
@@ -45,7 +43,7 @@ def timed(fns, rounds=3):
     ms = {}
     for _ in range(rounds):
         for name, fn in fns.items():
-            t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            t = bench_ms(fn)
             ms[name] = min(ms.get(name, t), t)
     return {name: round(t, 5) for name, t in ms.items()}
 
@@ -213,7 +211,7 @@ def main():
     args = parser.parse_args()
     src = torch.empty(2**28 // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
+    copy_ms = bench_ms(lambda: dst.copy_(src))
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "shape": [N, V], "dtype": "bfloat16", "copy_gbs": round(2 * src.numel() * 2 / copy_ms / 1e6, 1)}
     print(json.dumps(meta), flush=True)

@@ -1,8 +1,8 @@
-"""Experiment (issue 6): where the host time of an eager GPT training step goes. On an H100 the eager
+"""Experiment: where the host time of an eager GPT training step goes. On an H100 the eager
 step of ``benchmarks/gpt.py``'s GPT-2-like model took 19.5 ms on cute and 40.4 ms on triton against
-9.5 / 9.3 ms replayed as a CUDA graph (nineteenth session): the host, not the GPU, sets the eager pace.
+9.5 / 9.3 ms replayed as a CUDA graph: the host, not the GPU, sets the eager pace.
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/gpt_host.py OUT.txt [--backend cute]
+    source .cute/activate.sh && python -m benchmarks.experiments.gpt_host OUT.txt [--backend cute]
 
 The model, optimizer and batch of ``benchmarks/gpt.py`` (bf16, T = 1024, batch 8); after the warm-up
 steps, ``--steps`` steps under cProfile: the functions with the most time of their own and the most
@@ -12,14 +12,11 @@ import argparse
 import cProfile
 import io
 import pstats
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt as bench  # noqa: E402  (benchmarks/gpt.py)
+from benchmarks import gpt as bench
 
 
 def main():

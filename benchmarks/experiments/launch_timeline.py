@@ -1,4 +1,4 @@
-"""Experiment (issue 6): where a runner time goes. For each call the runner times (``benchmarks/run.py``'s
+"""Experiment: where a runner time goes. For each call the runner times (``benchmarks/run.py``'s
 Case, ``prepare`` and ``timed_call``), do_bench's loop (L2 flush, event, call, event) runs under
 torch.profiler, and the device timeline splits each timed call into
 
@@ -7,9 +7,9 @@ torch.profiler, and the device timeline splits each timed call into
     span    from the start of its first kernel to the end of its last
 
 beside the CUDA-event time the runner reads (with and without the profiler). The same for the call
-captured in a CUDA graph and replayed (the graph-time figures of session 18's ``attention_host.py``).
+captured in a CUDA graph and replayed (the graph-time figures of ``attention_host.py``).
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/launch_timeline.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.launch_timeline OUT.json
 
 Points: the attention forward at T = 1k, causal and not (cute against F.sdpa: where cute trails SDPA
 in the runner by 1.5-2.5% while its kernel alone is level or ahead), and the row-wise forwards where cute
@@ -19,16 +19,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms, graphed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import run as runner  # noqa: E402  (benchmarks/run.py)
-from attention_host import graphed  # noqa: E402  (this folder's: python puts a script's folder on the path)
+from benchmarks import run as runner
 
 FLUSH_BYTES = 256 * 2**20
 
@@ -128,7 +124,7 @@ def main():
         result = {name: {"do_bench_ms": [], "event_ms": [], "profiled": []} for name in fns}
         for _ in range(args.rounds):  # interleaved
             for name, fn in fns.items():
-                result[name]["do_bench_ms"].append(round(do_bench(fn, warmup=25, rep=100, return_mode="median"), 5))
+                result[name]["do_bench_ms"].append(round(bench_ms(fn), 5))
                 result[name]["event_ms"].append(round(event_ms(fn, flush, args.calls), 5))
                 result[name]["profiled"].append(timeline(fn, flush, args.calls))
         row = {"point": point, "result": result}

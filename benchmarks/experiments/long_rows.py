@@ -13,7 +13,7 @@ b the element size).
 Variants: ``cute`` (split_rows's own choice), ``cute/1`` (a CTA per row), ``cute/C`` (clusters of C
 forced), ``triton`` and ``torch`` (eager). Usage, on the GPU (CuTe DSL installed):
 
-    python benchmarks/experiments/long_rows.py OUT.json [--part few|many|all]
+    python -m benchmarks.experiments.long_rows OUT.json [--part few|many|all]
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench_cudagraph
+
+from benchmarks.timing import bench_ms
 
 from kcourse.backend import backward_kernel, resolve
 from kcourse.blas.cute import _rows, cross_entropy
@@ -55,7 +57,7 @@ def copy_bandwidth() -> float:
     ``benchmarks/run.py`` times its ceiling (``do_bench``, median), so the fractions compare."""
     x = torch.randn(2**28, dtype=torch.float32, device="cuda")
     y = torch.empty_like(x)
-    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=100, return_mode="median")
+    ms = bench_ms(lambda: y.copy_(x))
     return 2 * x.numel() * 4 / (ms * 1e-3)
 
 

@@ -1,10 +1,10 @@
-"""Experiment tool (issue 6): a text summary of Nsight Compute's per-instruction warp-stall samples, to
+"""Experiment tool: a text summary of Nsight Compute's per-instruction warp-stall samples, to
 see where in a kernel's SASS its warps wait.
 
     ncu --profile-from-start off --clock-control none --import-source no --section SourceCounters \\
-        --section WarpStateStats -o REPORT python benchmarks/experiments/attention_ncu.py 1024 full fwd
+        --section WarpStateStats -o REPORT python -m benchmarks.experiments.attention_ncu 1024 full fwd
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass --kernel-name regex:cutlass > cute.csv
-    python benchmarks/experiments/ncu_source_summary.py cute.csv
+    python -m benchmarks.experiments.ncu_source_summary cute.csv
 
 For each CSV: the samples and instructions executed, the stall reasons as a share of all samples, the 25
 instructions with the most samples (their SASS line, share, execution count, main reasons), and the runs

@@ -1,31 +1,28 @@
-"""Experiment (issue 6): the runner's own calls (``benchmarks/run.py``'s Case, ``prepare`` and
+"""Experiment: the runner's own calls (``benchmarks/run.py``'s Case, ``prepare`` and
 ``timed_call``, through ``launch_timeline.call_of``), two backends at a time, timed in many short
 interleaved rounds; for each point the quartiles over rounds of the reference backend's time over the
 other's in the same round.
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/runner_paired.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.runner_paired OUT.json
 
 Why: the runner keeps each call's fastest do_bench median over its rounds, and the GPU's clocks move
 between rounds, so a ratio of two fastest times spreads by a few percent (the same attention kernel
-timed under two names: 4% apart, session 20's ``cute_attention_units.py --paired``). A ratio taken
+timed under two names: 4% apart in ``cute_attention_units.py --paired``). A ratio taken
 within a round, where the two calls run a few milliseconds apart, moves far less; its median over
 rounds says whether two kernels differ, its quartiles by how much it varies.
 
-Points: the issue's targets where cute and its reference were within 1% in the final runner: the
+Points: the targets where cute and its reference are within 1% in the runner: the
 row-wise primitives at 32768 x 8192 (cute against triton, both directions, bfloat16 and float32) and
 the attention at T = 1k (cute against F.sdpa, both masks, both directions).
 """
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch_timeline import call_of  # noqa: E402  (this folder's)
+from benchmarks.experiments.launch_timeline import call_of
 
 
 def points(quick):
@@ -59,7 +56,7 @@ def main():
         ratios, best = [], {}
         for r in range(args.rounds):
             order = (ref, other) if r % 2 == 0 else (other, ref)  # each first in every other round
-            times = {b: do_bench(fns[b], warmup=5, rep=args.rep, return_mode="median") for b in order}
+            times = {b: bench_ms(fns[b], 5, args.rep) for b in order}
             ratios.append(times[ref] / times[other])
             best = {b: min(best.get(b, t), t) for b, t in times.items()}
         ratios.sort()

@@ -1,21 +1,19 @@
-"""Experiment (issue 6): the cute softmax forward against triton's, 32768 rows of 1024..16384 columns,
+"""Experiment: the cute softmax forward against triton's, 32768 rows of 1024..16384 columns,
 bfloat16 and float32, each output checked against torch in float32; do_bench (rep 20 ms) in 30
 rounds, alternating orders, and the quartiles over rounds of triton's time over cute's within a round.
 
-    source .cute/activate.sh && PYTHONPATH=. python benchmarks/experiments/softmax_reductions.py OUT.json
+    source .cute/activate.sh && python -m benchmarks.experiments.softmax_reductions OUT.json
 
-Session 20 ran it with a third column, "cute-2" (results/h100-2026-11-26-session20/softmax-reductions.json):
-the shipped kernel then reduced a row kept in one CTA once, over (max, sum of exp(x - max)) pairs
-(``_rows.combine_lse``, two exp2 at each of 9 levels at 512 threads), and "cute-2", a factory argument
-since removed, reduced it twice, the max and then the sum, as triton does. The two reductions were
-level at 4096 and 8192 columns and 0.4-1.2% faster at 1024 and 16384, and are the forward's path now.
+It backs the choice of two reductions for a row kept in one CTA (the max, then the sum, as triton
+does) over one reduction of (max, sum of exp(x - max)) pairs (``_rows.combine_lse``, two exp2 at each
+of 9 levels at 512 threads): level at 4096 and 8192 columns, 0.4-1.2% faster at 1024 and 16384.
 """
 import argparse
 import json
 import time
 
 import torch
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
 from kcourse.blas.cute import softmax as cute_softmax
 from kcourse.blas.triton import softmax as triton_softmax
@@ -37,7 +35,7 @@ def main():
             names, per_round = list(fns), []
             for r in range(args.rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
-                per_round.append({k: do_bench(fns[k], warmup=5, rep=20, return_mode="median") for k in order})
+                per_round.append({k: bench_ms(fns[k], 5, 20) for k in order})
             row = {"dtype": str(dtype)[6:], "n": n, "max_error": errors}
             for name in names[1:]:
                 ratios = sorted(t["triton"] / t[name] for t in per_round)

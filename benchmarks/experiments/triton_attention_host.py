@@ -1,7 +1,7 @@
-"""Experiment (issue 3): why the runner's triton attention forward at T = 1k with the causal mask moves
+"""Experiment: why the runner's triton attention forward at T = 1k with the causal mask moves
 between runs (0.40, 0.81, 0.55 of SDPA in three runs) while its other points hold still.
 
-    PYTHONPATH=. python benchmarks/experiments/triton_attention_host.py OUT.json
+    python -m benchmarks.experiments.triton_attention_host OUT.json
 
 bfloat16, 16 heads, B = 16, T = 1024, D = 128, causal and not. For each: the autotuner's pick, and the
 forward timed four ways, median milliseconds:
@@ -13,18 +13,18 @@ forward timed four ways, median milliseconds:
     (what the CPU spends per call while the GPU queue is not empty).
 Where ``runner`` exceeds ``graph`` by about ``host`` minus the flush, the host is what the timer sees.
 
-    PYTHONPATH=. python benchmarks/experiments/triton_attention_host.py OUT.json --runner
+    python -m benchmarks.experiments.triton_attention_host OUT.json --runner
 
-(twelfth session) the same point through benchmarks/run.py's own functions, as its first attention
+The same point through benchmarks/run.py's own functions, as its first attention
 point: ``prepare`` (the float32 reference forward and backward), then ``measure`` of SDPA and of
 triton, forward; then, in that process, the same timed call again with do_bench, its host time per
 call, and the device time of each kernel it launches (torch.profiler): is a slow point the kernel or
 the time around it. ``--host-profile OUT.txt``: cProfile of 200 such calls (causal), the host's time
 by function.
 
-    PYTHONPATH=. python benchmarks/experiments/triton_attention_host.py OUT.json --launch
+    python -m benchmarks.experiments.triton_attention_host OUT.json --launch
 
-(thirteenth session) ``launch_tuned`` (the autotuner's pick launched directly after its first call)
+``launch_tuned`` (the autotuner's pick launched directly after its first call)
 against the autotuner's dispatch on every call, interleaved rounds in one process: at T = 1k, causal
 and not, forward and backward as the runner times them (do_bench, L2 flushed), the host time a call
 (200 calls without synchronizing) and the kernels alone (a CUDA graph's replay); then, at a size
@@ -37,19 +37,15 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms, graph_ms, host_us
 
 import kcourse
-from attention_host import graph_ms, host_us  # this folder's (python puts a script's folder on the path)
 from kcourse.blas.triton import attention as A
 
 
 def runner_point(causal):
     """The forward point at T = 1k as the runner measures it, then the same call timed again and profiled."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import run as runner
+    from benchmarks import run as runner
     op = runner.OPS["attention"]
     case = runner.Case(op=op, dtype=torch.bfloat16, n=(16, 16, 1024, causal), target=True, device="cuda")
     runner.prepare(case)
@@ -60,7 +56,7 @@ def runner_point(causal):
     fn = runner.timed_call(case, call, "fwd")
     row = {"causal": causal, "runner ms": round(point["ms"], 4), "sdpa ms": round(ref["ms"], 4),
            "fraction": round(point["fraction"], 3), "autotuned": point.get("autotuned"),
-           "again ms": round(do_bench(fn, warmup=25, rep=100, return_mode="median"), 4)}
+           "again ms": round(bench_ms(fn), 4)}
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(200):
@@ -127,12 +123,11 @@ def launch_rows(rounds):
             for name, launch in launches.items():
                 A.launch_tuned = launch
                 for direction, fn in (("fwd", fwd), ("bwd", bwd)):
-                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    ms = bench_ms(fn)
                     row.setdefault(f"{direction} {name} ms", []).append(round(ms, 4))
                     row.setdefault(f"{direction} {name} host us", []).append(host_us(fn, 200))
             for direction, fn in (("fwd", sdpa), ("bwd", sdpa_bwd)):
-                row.setdefault(f"{direction} sdpa ms", []).append(round(do_bench(fn, warmup=25, rep=100,
-                                                                              return_mode="median"), 4))
+                row.setdefault(f"{direction} sdpa ms", []).append(round(bench_ms(fn), 4))
                 row.setdefault(f"{direction} sdpa host us", []).append(host_us(fn, 200))
         A.launch_tuned = launches["direct"]
         qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
@@ -222,10 +217,9 @@ def main():
         run()  # autotunes
         row = {"causal": causal, "config": str(A.attention_fwd_tma_kernel.best_config)
                if A.use_tma(qd, causal) else str(A.attention_fwd_kernel.best_config)}
-        row["sdpa"] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                               return_mode="median")
-        row["runner"] = do_bench(run, return_mode="median")
-        row["kernel"] = do_bench(kernel, return_mode="median")
+        row["sdpa"] = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        row["runner"] = bench_ms(run)
+        row["kernel"] = bench_ms(kernel)
         row["graph"] = graph_ms(kernel)
         torch.cuda.synchronize()
         start = time.perf_counter()

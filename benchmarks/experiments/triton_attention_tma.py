@@ -1,12 +1,12 @@
-"""Experiment (issue 3): the triton attention forward with its q, k, v and out tiles moved by TMA
+"""Experiment: the triton attention forward with its q, k, v and out tiles moved by TMA
 (``attention_fwd_tma_kernel``: host-side ``TensorDescriptor``s over the (B, H, T, D) tensors, boxes
 of (1, 1, rows, D)) against the pointer kernel (``attention_fwd_kernel``) and SDPA, in one run.
 bfloat16, 16 heads, B T = 16384, do_bench medians, TFLOP/s and SDPA's time / ours.
 
-    python benchmarks/experiments/triton_attention_tma.py OUT.json              # D = 64 and 128, T = 1k..16k
-    python benchmarks/experiments/triton_attention_tma.py OUT.json --sweep      # the config sweep, D = 128
-    python benchmarks/experiments/triton_attention_tma.py OUT.json --backward   # the backward's kernels
-    python benchmarks/experiments/triton_attention_tma.py OUT.json --backward-sweep  # their TMA config sweep
+    python -m benchmarks.experiments.triton_attention_tma OUT.json              # D = 64 and 128, T = 1k..16k
+    python -m benchmarks.experiments.triton_attention_tma OUT.json --sweep      # the config sweep, D = 128
+    python -m benchmarks.experiments.triton_attention_tma OUT.json --backward   # the backward's kernels
+    python -m benchmarks.experiments.triton_attention_tma OUT.json --backward-sweep  # their TMA config sweep
 
 ``--backward`` times the backward (from one forward's cache, as autograd runs it) with the dQ and
 the dK/dV kernels each reading by pointer or by TMA (``TMA=True``: q, k, v, dO as descriptors):
@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
+from benchmarks.timing import bench_ms
 
 from kcourse.blas.triton import attention as A
 
@@ -97,7 +97,7 @@ def main_backward(out_path):
                     if name in variants:  # max |ours - pointer| / max |pointer| over dq, dk, dv (tiles may differ)
                         row[f"err {name}"] = max(((a - b).abs().max() / b.abs().max()).item()
                                                  for a, b in zip(fn(), expected))
-                    ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    ms = bench_ms(fn, 25, 200)
                     row[name] = [round(ms, 4), round(flops / ms / 1e9, 1)]
                 for name in fns:
                     row[name].append(round(row["sdpa"][0] / row[name][0], 3))
@@ -142,7 +142,7 @@ def main_backward_sweep(out_path):
                 ms = {}
                 for _ in range(2):  # interleaved rounds, the faster of each
                     for name, fn in fns.items():
-                        t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        t = bench_ms(fn)
                         ms[name] = min(ms.get(name, t), t)
                 for name, t in ms.items():
                     row[name] = [round(t, 4), round(flops / t / 1e9, 1)]
@@ -196,7 +196,7 @@ def main():
             flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
             for name, fn in fns.items():
                 row[f"err {name}"] = (fn().float() - ref.float()).abs().max().item()
-                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                ms = bench_ms(fn, 25, 200)
                 row[name] = [round(ms, 4), round(flops / ms / 1e9, 1)]
             for name in fns:
                 row[name].append(round(row["sdpa"][0] / row[name][0], 3))
