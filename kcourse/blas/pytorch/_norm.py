@@ -1,6 +1,13 @@
-"""What layer_norm and rms_norm share on the pytorch backend: the upcast and the pullback.
+"""What layer_norm and rms_norm share on the pytorch backend: when ATen's own norm kernels meet the
+op contract, the upcast where they do not, and the composed pullback for where no fused one exists.
 
-With xhat = (x - mean) * rstd (``mean = 0`` for rms_norm) and g = dy * weight:
+ATen's CUDA norm kernels (``native_layer_norm``, ``_fused_rms_norm`` and their backwards) read half
+inputs, compute in float32, round each output once and keep the statistics (mean, rstd) in float32;
+float32 and float64 inputs stay in their dtype on every device. Its CPU kernels round half inputs'
+statistics (layer_norm) or outputs (the rms_norm composite) through the half type, so there half
+tensors are upcast to float32 first (``aten_ready``): a transient float32 copy, on CPU only.
+
+The composed pullback, with xhat = (x - mean) * rstd (``mean = 0`` for rms_norm) and g = dy * weight:
 
     dx      = rstd * (g - mean(g) - xhat * mean(g * xhat))    (rms_norm: no ``- mean(g)`` term)
     dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy
@@ -9,10 +16,25 @@ import torch
 
 from .._layout import rows_of
 
+HALF = (torch.float16, torch.bfloat16)
+
 
 def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
     """``t`` in float32 (float64 stays float64); None stays None."""
     return None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def aten_ready(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple:
+    """``(x, *tensors)`` as ATen's norm kernels take them under the op contract: unchanged on CUDA
+    and for float32/float64, upcast to float32 for half types anywhere else."""
+    if x.device.type == "cuda" or x.dtype not in HALF:
+        return (x, *tensors)
+    return tuple(upcast(t) for t in (x, *tensors))
+
+
+def stat_shape(x: torch.Tensor) -> tuple[int, ...]:
+    """The shape ATen gives the statistics of x (..., D): (..., 1)."""
+    return (*x.shape[:-1], 1)
 
 
 def norm_backward(dout, x, weight, mean, rstd, needs):

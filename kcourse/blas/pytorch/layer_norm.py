@@ -1,27 +1,33 @@
-"""layer_norm: ``y = (x - mean) * rstd * weight + bias`` over the last dimension, with
-``F.layer_norm`` for y and ``torch.var_mean`` for the statistics the backward needs.
+"""layer_norm: ``y = (x - mean) * rstd * weight + bias`` over the last dimension, with ATen's fused
+kernels ``torch.native_layer_norm`` and ``aten.native_layer_norm_backward`` (what ``F.layer_norm``
+and its autograd run):
 
     mean = sum_j x_j / D,   rstd = 1 / sqrt(sum_j (x_j - mean)^2 / D + eps)   (biased variance)
 
-Half inputs are upcast to float32 first, so y is computed in float32 and rounded once; mean and rstd
-(...,) are float32 (float64 for float64 x). Backward (``_norm.norm_backward``), xhat = (x - mean) * rstd,
-g = dy * weight:
+The kernels compute half inputs in float32 and round y, dx, dweight and dbias once; mean and rstd
+are float32 (float64 for float64 x), kept flattened to (N,) in the cache. On CPU, where ATen would
+keep half statistics, half tensors are upcast first (``_norm.aten_ready``). Backward, xhat = (x -
+mean) * rstd, g = dy * weight:
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy
 """
 import torch
-import torch.nn.functional as F
 
-from ._norm import norm_backward, upcast
+from ._norm import aten_ready, stat_shape
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float):
-    xf = upcast(x)  # (..., D)
-    var, mean = torch.var_mean(xf, dim=-1, correction=0)  # (...,)
-    y = F.layer_norm(xf, xf.shape[-1:], upcast(weight), upcast(bias), eps)
-    return y.to(x.dtype), (x, weight, mean, torch.rsqrt(var + eps))
+    xa, wa, ba = aten_ready(x, weight, bias)
+    y, mean, rstd = torch.native_layer_norm(xa, x.shape[-1:], wa, ba, eps)  # stats (..., 1)
+    n = x.shape[:-1].numel()
+    return y.to(x.dtype), (x, weight, mean.reshape(n), rstd.reshape(n))
 
 
 def layer_norm_backward(dout, cache, needs, eps):
     x, weight, mean, rstd = cache
-    return norm_backward(dout, x, weight, mean, rstd, needs)
+    xa, dya, wa = aten_ready(x, dout, weight)
+    # the kernel reads bias only for dbias's shape and dtype, and the cache holds no bias
+    bias = x.new_empty(x.shape[-1:], dtype=xa.dtype) if needs[2] else None
+    grads = torch.ops.aten.native_layer_norm_backward(
+        dya, xa, x.shape[-1:], mean.reshape(stat_shape(x)), rstd.reshape(stat_shape(x)), wa, bias, list(needs))
+    return tuple(None if g is None else g.to(x.dtype) for g in grads)
