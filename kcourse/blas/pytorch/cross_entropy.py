@@ -1,14 +1,27 @@
-"""cross_entropy of logits (N, V) and class indices target (N,) with ``torch.logsumexp`` and indexing:
+"""cross_entropy of logits (N, V) and class indices target (N,) with ATen's row kernels:
+``torch.log_softmax`` forward, ``torch.softmax`` backward (each one fused pass over a row, float32
+accumulation for half types), and gathers of the target column:
 
-    loss_i = logsumexp(x_i) - x_i,target_i        0 where target_i == ignore_index
+    loss_i = lse_i - x_i,target_i = -log_softmax(x_i)[target_i]     0 where target_i == ignore_index
     out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
 
-``F.cross_entropy`` is not used: the backward needs the row logsumexp (cached in float32), and a
-target outside [0, V) must give NaN (documented on every backend) rather than a device-side assert.
-Half-precision logits are upcast to float32 first: a transient float32 copy of (N, V).
+The forward keeps ``lse_i = x_i,t - log_softmax(x_i)[t]`` (t the row's target, column 0 on ignored
+rows; float32, float64 for float64 logits) for the cache, and one ``amax`` of the logits for the
++inf rule: a row holding +inf has lse +inf and loss +inf (NaN if the target logit itself is +inf),
+where log_softmax alone gives NaN. Half logits are upcast to float32 before log_softmax (ATen's CUDA
+softmax converts only float16 on the fly): a transient float32 copy of (N, V); the loss is computed in
+float32 and rounded once. n_valid = 0 gives NaN for the mean, as in torch.
 
-Backward: ``dx_ij = (exp(x_ij - lse_i) - [j == target_i]) * g_i`` with ``g_i = dout / n_valid``
-(mean), ``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows.
+A target outside [0, V) that is not ignore_index is an error, never a silent NaN: on CUDA a
+device-side assert (``torch._assert_async``, no host sync) before the kernels run; on CPU the op's
+argument check (``kcourse.blas._check``) raises on the host, and a direct call of this function
+fails in the gather (torch's own IndexError) before anything is returned.
+
+Backward: ``dx_ij = (softmax(x_i)_j - [j == target_i]) * g_i`` with ``g_i = dout / n_valid`` (mean),
+``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows: ``torch.softmax`` recomputes the softmax in
+the logits' dtype (float32 inside, rounded once), scaled by g in place (rounded again for half
+types); the target column is then overwritten with ``(exp(x_t - lse) - 1) * g`` computed in float32
+(subtracting 1 from a rounded probability near 1 would cancel its digits).
 """
 import torch
 
@@ -16,18 +29,31 @@ from ..python._acc import acc
 from ..python.cross_entropy import reduce_rows, row_weights  # the reductions, defined once
 
 
-def _safe(target: torch.Tensor, V: int) -> torch.Tensor:
-    """target as int64 indices, with those outside [0, V) (ignored or invalid) replaced by 0."""
-    return torch.where((target >= 0) & (target < V), target, 0).long()
+def _assert_targets(target: torch.Tensor, valid: torch.Tensor, V: int, ignore_index: int) -> None:
+    """On CUDA, a device-side assert that every target other than ignore_index lies in [0, V)."""
+    if target.device.type == "cuda":
+        bad = valid & ((target < 0) | (target >= V))
+        torch._assert_async(~bad.any(), f"cross_entropy: a target is outside [0, {V}) and is not "
+                                        f"ignore_index ({ignore_index})")
+
+
+def _columns(target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(N, 1) int64: each row's target column, 0 on ignored rows. Not clamped: a bad target makes
+    the gather fail rather than read another column."""
+    return torch.where(valid, target, 0).long()[:, None]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
     N, V = logits.shape
     valid = target != ignore_index
-    lse = torch.logsumexp(acc(logits), dim=1)  # (N,)
-    lse = lse.masked_fill(valid & ((target < 0) | (target >= V)), torch.nan)
-    picked = logits[torch.arange(N, device=logits.device), _safe(target, V)]  # (N,)
-    loss = torch.where(valid, lse - acc(picked), 0)
+    _assert_targets(target, valid, V, ignore_index)
+    cols = _columns(target, valid)
+    log_p = torch.log_softmax(acc(logits), dim=1)  # (N, V) in the accumulation dtype
+    log_p_t = log_p.gather(1, cols).squeeze(1)  # (N,)
+    x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
+    posinf = logits.amax(dim=1) == torch.inf  # (N,): rows holding +inf (log_softmax gives NaN there)
+    lse = torch.where(posinf, torch.inf, x_t - log_p_t)
+    loss = torch.where(valid, torch.where(posinf, torch.inf - x_t, -log_p_t), 0)
     return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, lse)
 
 
@@ -37,7 +63,10 @@ def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, 
         return None, None
     N, V = logits.shape
     valid = target != ignore_index
-    dx = torch.exp(acc(logits) - lse[:, None])  # (N, V): the softmax
-    dx[torch.arange(N, device=logits.device), _safe(target, V)] -= 1
-    dx *= row_weights(acc(dout), valid, reduction)
-    return torch.where(valid[:, None], dx, 0).to(logits.dtype), None
+    g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
+    cols = _columns(target, valid)
+    x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
+    d_t = (torch.exp(x_t - lse) - 1) * g  # (N,): the target column, in float32
+    dx = torch.softmax(logits, dim=1)  # (N, V) in the logits' dtype
+    dx.mul_(g[:, None])
+    return dx.scatter_(1, cols, d_t.to(dx.dtype)[:, None]), None
