@@ -109,8 +109,10 @@ def _probe(name: str) -> BackendInfo:
 
 
 def backends() -> dict[str, BackendInfo]:
-    """Every backend with its availability here and, when unavailable, why and how to fix it."""
-    return {name: _probe(name) for name in NAMES}
+    """Every backend with its availability here and, when unavailable, why and how to fix it: a
+    ``{name: BackendInfo}`` dict that prints as a table (``python -m kcourse info`` shows it too)."""
+    from ._info import BackendTable
+    return BackendTable((name, _probe(name)) for name in NAMES)
 
 
 @functools.lru_cache(maxsize=None)
