@@ -157,6 +157,16 @@ def test_empty(op, backend, shape, dim):
     assert getattr(blas, op)(x, dim, backend=backend).shape == shape
 
 
+@pytest.mark.parametrize("shape, dim", [((0, 5), 1), ((3, 0), 1), ((3, 0), 0), ((2, 0, 4), 1), ((0,), 0)])
+def test_python_empty(op, shape, dim):
+    # an empty reduced dim: an empty result and an empty gradient, as torch (issue 30 item 4: the
+    # python reference raised "amax(): Expected reduction dim to have non-zero size")
+    x = randn(*shape)
+    y, dx = run(op, "python", x, dim, randn(*shape))
+    assert y.shape == dx.shape == shape
+    assert torch.equal(y, getattr(F, op)(x, dim))
+
+
 @pytest.mark.parametrize("name", ["python", "pytorch"])
 def test_gradcheck_float64(op, name):
     x = randn(4, 5, 6, dtype=torch.float64).requires_grad_(True)

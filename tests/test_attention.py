@@ -171,6 +171,30 @@ def test_attention_empty(backend, Tq, Tk):
                    sdpa(q, k, v, dout, causal=True))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter's NumPy NaN
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
+def test_attention_nan_scale(name, causal):
+    """scale = NaN: every score is NaN, so by the formula the output and every gradient are NaN on
+    every backend (SDPA, behind the pytorch backend, returns zeros: issue 30)."""
+    require_backend(name)
+    q, k, v = qkv(1, 4, 2, 5, 7, 16)
+    out, grads = forward_backward(kcourse_attention(name, causal=causal, scale=float("nan")), q, k, v,
+                                  randn(1, 4, 5, 16))
+    assert out.isnan().all() and all(g.isnan().all() for g in grads)
+
+
+def test_meta_tensors_refused_by_kernel_backends():
+    """Meta tensors hold no data: triton (and cute) refuse them naming the op and the argument; the
+    python and pytorch backends give the shapes."""
+    q = torch.empty(1, 2, 3, 8, device="meta")
+    for name in ("python", "pytorch"):
+        assert blas.attention(q, q, q, backend=name).shape == (1, 2, 3, 8)
+    require_backend("triton")
+    with pytest.raises(ValueError, match=r"attention: the triton backend cannot run on meta tensors \(q \(1, 2, 3, 8\)"):
+        blas.attention(q, q, q, backend="triton")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend_name", ["python", "pytorch"])
 def test_gradcheck(backend_name, causal):
@@ -288,7 +312,8 @@ def test_triton_head_dim_limit():
     (dict(k=torch.zeros(1, 2, 5, 4), v=torch.zeros(1, 2, 5, 4)), ValueError,
      r"attention: q is \(1, 4, 3, 8\) and k is \(1, 2, 5, 4\); batch and head dim must match"),
     (dict(k=torch.zeros(1, 3, 5, 8), v=torch.zeros(1, 3, 5, 8)), ValueError,
-     r"attention: q has 4 heads and k, v have 3; H must be a multiple of Hkv"),
+     r"attention: q is \(1, 4, 3, 8\) and k, v are \(1, 3, 5, 8\); q's heads \(4\) must be a multiple of "
+     r"k's and v's heads \(3\)"),
     (dict(v=torch.zeros(1, 2, 5, 8, dtype=torch.float16)), TypeError,
      r"attention: q is torch.float32 but v is torch.float16; all tensors must share one dtype"),
     (dict(k=torch.zeros(1, 2, 5, 8, dtype=torch.int64)), TypeError,

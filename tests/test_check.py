@@ -100,3 +100,77 @@ def test_disjoint_views_of_one_buffer_are_fine(any_backend):
     x0, y0 = x.clone(), y.clone()
     blas.swap_(x, y, backend=any_backend)
     assert torch.equal(x, y0) and torch.equal(y, x0)
+
+
+def test_interleaved_views_are_not_aliases(any_backend):
+    """Views of one buffer whose address ranges interleave but that share no element are accepted;
+    views that share one are refused (issue 30 item 8: the check compared address ranges)."""
+    b = any_backend
+    buf = randn(10)
+    blas.copy_(buf[0::2], buf[1::2], backend=b)
+    blas.axpby_(buf[0:9:3], buf[1::3], 2.0, 1.0, backend=b)  # 0 3 6 and 1 4 7
+    raises(ValueError, r"copy_: the target y \(4,\) overlaps the input x \(4,\)", blas.copy_, buf[0:8:2],
+           buf[2::2], backend=b)  # 2, 4, 6 in both
+    raises(ValueError, r"copy_: the target y \(3,\) overlaps the input x \(3,\)", blas.copy_, buf[0::4],
+           buf[2::3], backend=b)  # 8 in both
+    m = randn(6, 9)
+    blas.gemv_(m[:, :4], randn(4), m[:, 4], backend=b)
+    blas.geru_(m[:, 5:8], m[:, 4], m[0, :3], backend=b)  # A (6, 3) and x, y elsewhere in m
+    raises(ValueError, r"geru_: the target A \(6, 3\) overlaps the input y \(3,\)", blas.geru_, m[:, 5:8], m[:, 4],
+           m[2, 6:9], backend=b)  # m[2, 6:8] is in both
+    C, A = m[:, 1::2], m[:, 0::2][:, :4]  # the odd columns, and four of the even ones
+    blas.gemm_(A, randn(4, 4), C, backend=b)
+    raises(ValueError, r"gemm_: the target C \(6, 4\) overlaps the input A \(6, 4\)", blas.gemm_, m[:, :4],
+           randn(4, 4), m[:, 3:7], backend=b)
+
+
+def test_overlap_is_exact_for_1d_and_2d_views():
+    """``_check.overlap`` against the set of bytes each view touches, for random strided views (and a
+    uint8 view, other element sizes) of one buffer: exact for 1-D and 2-D; 3-D views are never
+    wrongly disjoint."""
+    import itertools
+    import random
+
+    from kcourse.blas._check import overlap
+
+    def touched(t):
+        e = t.element_size()
+        return {t.data_ptr() + sum(i * s for i, s in zip(idx, t.stride())) * e + b
+                for idx in itertools.product(*map(range, t.shape)) for b in range(e)}
+
+    rng = random.Random(30)
+    buf = torch.zeros(400)
+
+    def view(base):
+        nd = rng.choice([1, 2, 2, 3])
+        return base.as_strided([rng.randint(1, 5) for _ in range(nd)], [rng.randint(0, 12) for _ in range(nd)],
+                               rng.randint(0, 60))
+
+    for _ in range(3000):
+        a, b = view(buf), view(buf if rng.random() < 0.8 else buf.view(torch.uint8))
+        exact = bool(touched(a) & touched(b))
+        if a.dim() <= 2 and b.dim() <= 2:
+            assert overlap(a, b) == exact, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(),
+                                            b.storage_offset())
+        elif exact:
+            assert overlap(a, b)
+
+
+def test_meta_tensors_refused_by_kernel_backends():
+    """triton and cute kernels read data: meta tensors are refused naming the op and the argument
+    (issue 30 item 9: triton raised NotImplementedError 'Cannot copy out of meta tensor')."""
+    from kcourse.blas import _check
+
+    x = torch.empty(3, 4, device="meta")
+    for name in ("triton", "cute"):
+        with pytest.raises(ValueError, match=rf"softmax: the {name} backend cannot run on meta tensors \(x \(3, 4\)"):
+            _check.check_softmax(name, x, -1)
+    import kcourse
+
+    if kcourse.backends()["triton"].available:
+        raises(ValueError, r"gemm: the triton backend cannot run on meta tensors \(A \(3, 4\)", blas.gemm, x,
+               torch.empty(4, 2, device="meta"), backend="triton")
+        raises(ValueError, r"embedding: the triton backend cannot run on meta tensors \(weight \(3, 4\)",
+               blas.embedding, torch.zeros(2, dtype=torch.int64, device="meta"), x, backend="triton")
+    for name in ("python", "pytorch"):
+        assert blas.gemm(x, torch.empty(4, 2, device="meta"), backend=name).shape == (3, 2)

@@ -51,3 +51,20 @@ def test_copy_inplace_writes_only_target(backend, dtype):
 def test_copy_large(backend, n):
     x = randn(n)
     assert torch.equal(blas.copy(x, backend=backend), x)
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
+def test_copy_between_interleaved_views_of_one_buffer(name):
+    # the even and the odd elements of one buffer share no element: not an alias (issue 30 item 8)
+    from _util import require_backend
+
+    require_backend(name)
+    buf = randn(12)
+    buf0 = buf.clone()
+    blas.copy_(buf[0::2], buf[1::2], backend=name)
+    assert torch.equal(buf[1::2], buf0[0::2]) and torch.equal(buf[0::2], buf0[0::2])
+    # the same for columns of a matrix: every other column into the ones between
+    buf = randn(6, 8)
+    buf0 = buf.clone()
+    blas.copy_(buf[:, 0::2], buf[:, 1::2], backend=name)
+    assert torch.equal(buf[:, 1::2], buf0[:, 0::2]) and torch.equal(buf[:, 0::2], buf0[:, 0::2])

@@ -1,9 +1,13 @@
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kcourse import blas
-from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_dtype
+from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, raises, randn, require_backend, require_dtype
 
 # (V, D, indices' shape)
 SHAPES = [(1, 1, (1,)), (10, 7, (13,)), (50, 33, (4, 9)), (7, 1000, (2, 3, 5)), (3, 1500, (6,)), (5, 4097, (2,))]
@@ -84,25 +88,53 @@ def test_embedding_empty(backend):
     assert torch.equal(weight.grad, torch.zeros(5, 3, device=DEVICE))
 
 
-def test_embedding_out_of_range():
-    # triton: an index outside [0, V) is never read; its row is NaN and its gradient is dropped
-    weight = randn(10, 37).requires_grad_(True)
-    idx = torch.tensor([[3, -1, 10], [9, 1000, 0]], device=DEVICE)
-    out = blas.embedding(idx, weight, backend="triton")
-    bad = (idx < 0) | (idx >= 10)
-    assert out[bad].isnan().all() and torch.equal(out[~bad], weight[idx[~bad]])
-    out.backward(torch.ones_like(out))
-    expected = torch.zeros_like(weight).index_add_(0, idx[~bad], torch.ones(3, 37, device=DEVICE))
+@pytest.mark.parametrize("D", [3, 0])
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
+def test_embedding_no_columns(name, D):
+    # D = 0: an empty output and an empty (V, 0) gradient (issue 30 item 4: the python backward failed)
+    require_backend(name)
+    weight = randn(5, D).requires_grad_(True)
+    idx = torch.tensor([[1, 4], [4, 0]], device=DEVICE)
+    out = blas.embedding(idx, weight, backend=name)
+    assert torch.equal(out, weight.detach()[idx])
+    dy = randn(2, 2, D)
+    out.backward(dy)
+    expected = torch.zeros(5, D, device=DEVICE).index_add_(0, idx.flatten(), dy.reshape(4, D))
     assert torch.equal(weight.grad, expected)
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="on CUDA an out-of-range index trips a device assert in PyTorch")
-@pytest.mark.parametrize("name", ["python", "pytorch"])
-def test_embedding_out_of_range_raises(name):
+@pytest.mark.skipif(DEVICE == "cuda", reason="on CUDA the kernels assert on the device: test_out_of_range_asserts_on_gpu")
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
+def test_embedding_out_of_range_raises(name, index_dtype):
+    # every backend refuses an index outside [0, V) naming the op, the argument, the entry and its
+    # value (issue 30 item 5: a bare "index out of range in self", or NaN rows on triton)
+    require_backend(name)
     weight = randn(10, 3)
-    for bad in (-1, 10):
-        with pytest.raises(IndexError, match="index out of range"):
-            blas.embedding(torch.tensor([0, bad]), weight, backend=name)
+    for bad, at in [(-1, "[1]"), (10, "[1]"), (1000, "[1]")]:
+        idx = torch.tensor([0, bad, 3], dtype=index_dtype)
+        raises(IndexError, re.escape(f"embedding: indices{at} = {bad} is out of range for weight (10, 3) of 10 rows; "
+                                     "indices must be in [0, 10)"), blas.embedding, idx, weight, backend=name)
+    idx = torch.tensor([[3, 1, 2], [9, 0, -2]], dtype=index_dtype)[:, ::2]  # a strided view: the first bad entry
+    raises(IndexError, re.escape("embedding: indices[1, 1] = -2 is out of range"), blas.embedding, idx, weight,
+           backend=name)
+    raises(IndexError, re.escape("embedding: indices[0] = 0 is out of range for weight (0, 3) of 0 rows"),
+           blas.embedding, torch.tensor([0]), randn(0, 3), backend=name)
+    assert blas.embedding(torch.zeros(0, dtype=index_dtype), randn(0, 3), backend=name).shape == (0, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
+def test_out_of_range_asserts_on_gpu(name):
+    # on CUDA the check is a device assert (no host synchronization): it kills the CUDA context, so
+    # it runs in a child process, which must fail with a device-side assert
+    require_backend(name)
+    script = ("import torch; from kcourse import blas; "
+              "w = torch.randn(10, 64, device='cuda'); i = torch.tensor([0, 3, 10, 2], device='cuda'); "
+              f"out = blas.embedding(i, w, backend={name!r}); torch.cuda.synchronize(); print('no error')")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "no error" not in result.stdout, result.stdout
+    assert "device-side assert" in result.stderr or "Assertion" in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["python", "pytorch"])

@@ -3,7 +3,11 @@
 Each ``check_<op>`` raises ``TypeError`` (wrong kind of argument, unsupported dtype) or
 ``ValueError`` (shapes, devices, aliasing) with a message that names the op, the argument and the
 shapes, e.g. ``gemm: A is (3, 4) and B is (5, 6); A's columns (4) must equal B's rows (5)``.
-They return what the caller needs (the output shape), never a modified tensor.
+They return what the caller needs (the output shape), never a modified tensor. An index out of
+range (embedding's indices, cross_entropy's targets) is an ``IndexError``, as in torch, naming the
+op, the argument, the bad entry and its value: on the host for CPU tensors, by a device assert in
+the kernels on a GPU (``index_range``, ``assert_indices``). Meta tensors are refused by the
+backends whose kernels read data (triton, cute).
 """
 from __future__ import annotations
 
@@ -75,6 +79,10 @@ def same_kind(op: str, backend: str, **tensors: torch.Tensor | None) -> None:
         raise TypeError(f"{op}: the {backend} backend does not support {first.dtype} "
                         f"({first_name} {shape(first)}); it supports {supported}")
     on_gpu = device.type == "cuda"
+    if device.type == "meta" and backend in ("triton", "cute"):
+        raise ValueError(f"{op}: the {backend} backend cannot run on meta tensors ({first_name} {shape(first)} "
+                         "is on meta: no data for a kernel to read); use the python or pytorch backend to "
+                         "trace shapes")
     if backend == "triton" and not on_gpu and not triton_interpreting():
         raise ValueError(f"{op}: the triton backend needs CUDA tensors, but {first_name} is on "
                          f"{device}; move the tensors to a GPU or set TRITON_INTERPRET=1")
@@ -105,19 +113,109 @@ def _overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
+# Overlap of two strided views. A byte of ``t`` lies at ``t.data_ptr() + sum_k i_k st_k e + b`` with
+# 0 <= i_k < n_k and 0 <= b < e (e its element size, st_k its strides); the views share a byte when
+#     sum_k i_k (st_k e) - sum_k j_k (so_k eo) + (b - b') = o.data_ptr() - t.data_ptr()
+# has a solution with every variable in its range: a bounded linear equation in integers. Each term is
+# (coefficient c > 0, lo, hi). Terms of equal coefficients merge (c x + c y = c (x + y), ranges add), and
+# so does a term whose coefficient is k times a smaller one's when that one's range has at least k
+# values (its multiples then fill every gap): a contiguous block or a row of whole elements becomes
+# one range. Two terms left are solved exactly (a linear Diophantine equation: the solutions are
+# x0 + w c2/g, y0 - w c1/g, and the bounds leave an interval of w); more are enumerated over the
+# smallest range, pruned by the reachable [min, max], up to ``_OVERLAP_BUDGET`` steps.
+# So the answer is exact for any two 1-D or 2-D views (at most 4 + 1 terms; in practice the merges
+# leave two or three) unless the budget runs out, which only views of 3+ dims with distinct strides on
+# both sides and long sizes can reach: then the views are reported as overlapping (a refusal, never a
+# missed overlap).
+_OVERLAP_BUDGET = 4096
+
+
+def _merge_terms(terms: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``terms`` (c, lo, hi) with equal coefficients, and coefficients k times a smaller one whose range
+    has >= k values, merged; sorted by coefficient."""
+    merged: list[tuple[int, int, int]] = []
+    for c, lo, hi in sorted(terms):
+        if merged:
+            c0, lo0, hi0 = merged[-1]
+            if c % c0 == 0 and hi0 - lo0 + 1 >= c // c0:
+                k = c // c0
+                merged[-1] = (c0, lo0 + k * lo, hi0 + k * hi)
+                continue
+        merged.append((c, lo, hi))
+    if len(merged) < len(terms):  # a merge can enable another (a wider range)
+        return _merge_terms(merged)
+    return merged
+
+
+def _solve2(c1: int, lo1: int, hi1: int, c2: int, lo2: int, hi2: int, d: int) -> bool:
+    """Is there x in [lo1, hi1], y in [lo2, hi2] with c1 x + c2 y = d (c1, c2 > 0)?"""
+    g, p, q = _egcd(c1, c2)
+    if d % g:
+        return False
+    x0, y0, a, b = p * (d // g), q * (d // g), c2 // g, c1 // g  # x = x0 + a w, y = y0 - b w
+    w_lo = max(-((x0 - lo1) // a), -((hi2 - y0) // b))  # ceil((lo1 - x0) / a), ceil((y0 - hi2) / b)
+    w_hi = min((hi1 - x0) // a, (y0 - lo2) // b)
+    return w_lo <= w_hi
+
+
+def _egcd(a: int, b: int) -> tuple[int, int, int]:
+    """(g, p, q) with a p + b q = g = gcd(a, b)."""
+    p0, q0, p1, q1 = 1, 0, 0, 1
+    while b:
+        k = a // b
+        a, b, p0, q0, p1, q1 = b, a - k * b, p1, q1, p0 - k * p1, q0 - k * q1
+    return a, p0, q0
+
+
+def _solvable(terms: list[tuple[int, int, int]], d: int, budget: list[int]) -> bool:
+    """Does ``sum c x = d`` have a solution with every x in its [lo, hi]? True also when the budget runs out."""
+    budget[0] -= 1
+    if sum(c * lo for c, lo, _ in terms) > d or sum(c * hi for c, _, hi in terms) < d:
+        return False
+    if not terms:
+        return d == 0
+    if len(terms) == 1:
+        c, lo, hi = terms[0]
+        return d % c == 0 and lo <= d // c <= hi
+    if len(terms) == 2:
+        return _solve2(*terms[0], *terms[1], d)
+    i = min(range(len(terms)), key=lambda k: terms[k][2] - terms[k][1])  # enumerate the smallest range
+    c, lo, hi = terms[i]
+    rest = terms[:i] + terms[i + 1:]
+    for x in range(lo, hi + 1):
+        if budget[0] <= 0:
+            return True  # out of budget: conservatively an overlap
+        if _solvable(rest, d - c * x, budget):
+            return True
+    return False
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do the views ``a`` and ``b`` share a byte of memory? Exact for 1-D and 2-D views (see above);
+    beyond, possibly True for views that only interleave (never False for views that overlap)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    lo, hi = _span(a)
+    o_lo, o_hi = _span(b)
+    if lo > o_hi or o_lo > hi:  # disjoint address ranges: the common case, decided at once
+        return False
+    ea, eb = a.element_size(), b.element_size()
+    terms = [(st * ea, 0, n - 1) for n, st in zip(a.shape, a.stride()) if n > 1 and st]
+    terms += [(st * eb, 1 - n, 0) for n, st in zip(b.shape, b.stride()) if n > 1 and st]  # -c j = c (-j)
+    terms.append((1, 1 - eb, ea - 1))  # b - b': the bytes within one element of each
+    return _solvable(_merge_terms(terms), b.data_ptr() - a.data_ptr(), [_OVERLAP_BUDGET])
+
+
 def target(op: str, name: str, t: torch.Tensor, **inputs: torch.Tensor | None) -> None:
-    """An in-place target must be writable element by element and share no memory with ``inputs``."""
+    """An in-place target must be writable element by element and share no memory with ``inputs``
+    (two views of one buffer that interleave without sharing an element are fine: ``overlap``)."""
     if t.numel() == 0:
         return
     if _overlaps_itself(t):
         raise ValueError(f"{op}: the target {name} {shape(t)} with strides {t.stride()} has elements "
                          "that share memory (an expanded or overlapping view); it cannot be written in place")
-    lo, hi = _span(t)
     for other_name, other in inputs.items():
-        if other is None or other.numel() == 0 or other.device != t.device:
-            continue
-        o_lo, o_hi = _span(other)
-        if lo <= o_hi and o_lo <= hi:
+        if other is not None and overlap(t, other):
             raise ValueError(f"{op}: the target {name} {shape(t)} overlaps the input {other_name} "
                              f"{shape(other)} in memory; in-place targets must not alias an input")
 
@@ -258,6 +356,45 @@ def _dim(op: str, x: torch.Tensor, dim) -> int:
     return dim % x.dim()
 
 
+def index_range(op: str, name: str, idx: torch.Tensor, n: int, what: str, ignore_index: int | None = None) -> None:
+    """Every entry of ``idx`` (other than ``ignore_index``) must lie in [0, n): an ``IndexError`` naming
+    the op, the argument, the first bad entry and its position, as torch raises for such an index.
+
+    On the CPU (and through the triton interpreter) this reads the indices on the host: one pass,
+    no copy. On a GPU that read would synchronize the host with the device on every call, so it is
+    not done here: each backend's kernel checks its indices on the device instead (``assert_indices``
+    a device assert of the same condition: the process learns of it as CUDA errors are learned, at
+    the next synchronization; its message cannot carry the value)."""
+    if idx.device.type != "cpu" or idx.numel() == 0 or type(idx) is not torch.Tensor or torch.compiler.is_compiling():
+        return  # on a GPU: the kernels' device asserts; a fake or functional tensor (a trace) holds no values
+    lo, hi = idx.aminmax()
+    if lo >= 0 and hi < n:
+        return
+    bad = (idx < 0) | (idx >= n)
+    if ignore_index is not None:
+        bad &= idx != ignore_index
+    if not bad.any():
+        return
+    where = tuple(int(i) for i in bad.nonzero()[0])
+    at = "[" + ", ".join(str(i) for i in where) + "]"
+    ignoring = "" if ignore_index is None else f" or ignore_index ({ignore_index})"
+    raise IndexError(f"{op}: {name}{at} = {int(idx[where])} is out of range for {what}; "
+                     f"{name} must be in [0, {n}){ignoring}")
+
+
+def assert_indices(idx: torch.Tensor, n: int, ignore_index: int | None = None) -> None:
+    """On a GPU: a device-side assert (``torch._assert_async``, no host synchronization) that every
+    entry of ``idx`` other than ``ignore_index`` lies in [0, n); for backends whose kernels cannot
+    assert themselves. Elsewhere nothing: ``index_range`` checked on the host. A few small kernels over
+    the N indices (a min/max, then one comparison), next to the op's N * D or N * V elements."""
+    if idx.device.type != "cuda" or idx.numel() == 0:
+        return
+    if ignore_index is not None and not 0 <= ignore_index < n:
+        idx = idx.masked_fill(idx == ignore_index, 0)
+    lo, hi = torch.aminmax(idx)
+    torch._assert_async((lo >= 0) & (hi < n), "kcourse: an index is out of range (embedding or cross_entropy)")
+
+
 def check_softmax(backend, x, dim, *, op="softmax"):
     tensor(op, "x", x)
     same_kind(op, backend, x=x)
@@ -282,6 +419,8 @@ def check_cross_entropy(backend, logits, target, ignore_index, reduction):
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
     same_kind(op, backend, logits=logits)
+    N, V = logits.shape
+    index_range(op, "target", target, V, f"logits {shape(logits)} of {V} classes", ignore_index)
     return {"ignore_index": ignore_index, "reduction": reduction}
 
 
@@ -336,6 +475,8 @@ def check_embedding(backend, indices, weight):
     if indices.device != weight.device:
         raise ValueError(f"{op}: indices is on {indices.device} but weight is on {weight.device}")
     same_kind(op, backend, weight=weight)
+    V = weight.shape[0]
+    index_range(op, "indices", indices, V, f"weight {shape(weight)} of {V} rows")
     return {}
 
 
@@ -375,7 +516,8 @@ def check_attention(backend, q, k, v, causal, scale):
     if D == 0:
         raise ValueError(f"{op}: q is {shape(q)}; the head dim D must be at least 1")
     if Hkv == 0 or H % Hkv:
-        raise ValueError(f"{op}: q has {H} heads and k, v have {Hkv}; H must be a multiple of Hkv")
+        raise ValueError(f"{op}: q is {shape(q)} and k, v are {shape(k)}; q's heads ({H}) must be a multiple "
+                         f"of k's and v's heads ({Hkv}) (q (B, H, Tq, D), k and v (B, Hkv, Tk, D))")
     if not isinstance(causal, bool):
         raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
     scale = D ** -0.5 if scale is None else scalar(op, "scale", scale)

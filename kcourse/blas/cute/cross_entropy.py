@@ -5,8 +5,16 @@
     out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
 
 n_valid counts the rows whose target is not ignore_index (a mean over none of them is 0/0 = NaN,
-as in torch). A target outside [0, V) that is not ignore_index is never read: its row's lse and
-loss are NaN (torch raises instead).
+as in torch). A target outside [0, V) that is not ignore_index is an error: on the host for CPU
+tensors (``_check.index_range``, an IndexError naming it), on the GPU a device assert launched
+before the kernel (``_check.assert_indices``: a min/max over the N targets and
+``torch._assert_async``, no host synchronization). Such a target is never read: were the assert
+off, its row's lse and loss would be NaN.
+
+Non-finite logits (the python reference's rule): exponentials are taken relative to the row max
+where it is finite, else relative to 0 (``_shift``; ``_rows.shift_of`` shifts by a +inf max too),
+so a +inf logit makes s and lse +inf and the loss +inf against a finite target logit (NaN for a
++inf target logit, a row of -inf, or a NaN logit).
 
 Backward, with g_i = dout / n_valid (mean), dout (sum), dout_i (none), and 0 on ignored rows:
 
@@ -60,14 +68,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
+from .. import _check
 from . import _compile, _reduce
 from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
-                    cluster_buffer, cluster_rank, cluster_started, combine_lse, combine_max, combine_sum, exp2f,
-                    load_chunk, online_lse, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster,
-                    row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce, shift_of,
+                    cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
+                    load_chunk, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster,
+                    row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce,
                     split_rows, store_chunk)
 
 NAN = float("nan")
+POS_INF = float("inf")
 BACKWARD_SHARE = 8192  # the most elements of a long row one CTA of the backward takes (split_rows)
 SUM_THREADS = 256  # threads of each CTA of the mean / sum / count kernels
 PART_ROWS = 1024  # rows per CTA of their first stage: 4 a thread, all loads in flight
@@ -82,6 +92,49 @@ def _is_class(t: Int64, ignore_index: Int64, V: Int32) -> Int32:
             if t < V:
                 ok = Int32(1)
     return ok
+
+
+@cute.jit
+def _shift(m: Float32) -> Float32:
+    """The shift for exponentials relative to a max ``m``: m where finite, else 0 (no inf - inf: a row
+    of -inf sums to 0, a row with a +inf to +inf)."""
+    shift = m
+    if m == Float32(NEG_INF):
+        shift = Float32(0.0)
+    if m == Float32(POS_INF):
+        shift = Float32(0.0)
+    return shift
+
+
+@cute.jit
+def _rescale(m_old: Float32, m: Float32, shift: Float32) -> Float32:
+    """The factor of a sum taken relative to ``_shift(m_old)`` now that the max is ``m``: exp(m_old -
+    shift); once the max is +inf, 1 for a sum already relative to 0 (m_old = +inf), else 0 (its
+    finite terms drop out of an infinite sum; a NaN stays NaN)."""
+    f = exp2f((m_old - shift) * LOG2E)
+    if m == Float32(POS_INF):
+        f = Float32(0.0)
+        if m_old == Float32(POS_INF):
+            f = Float32(1.0)
+    return f
+
+
+@cute.jit
+def _combine_lse(a: tuple, b: tuple) -> tuple:
+    """Two (max, sum of exp(x - _shift(max))) pairs as one (``_rows.combine_lse`` with ``_shift``)."""
+    m = cute.arch.fmax(a[0], b[0])
+    shift = _shift(m)
+    return m, a[1] * _rescale(a[0], m, shift) + b[1] * _rescale(b[0], m, shift)
+
+
+@cute.jit
+def _online_lse(state: tuple, x) -> tuple:
+    """The running (m, s) after one more chunk ``x`` (``_rows.online_lse`` with ``_shift``)."""
+    m_new = cute.arch.fmax(state[0], x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0))
+    shift = _shift(m_new)
+    s = state[1] * _rescale(state[0], m_new, shift) \
+        + exp2f((x - shift) * LOG2E).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+    return m_new, s
 
 
 def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
@@ -121,7 +174,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
                     x_t = x_row[t].to(Float32)
             (m,) = rows_allreduce((x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0),),
                                   combine_max, plan_, buffer, 0)
-            e = exp2f((x - shift_of(m)) * LOG2E)
+            e = exp2f((x - _shift(m)) * LOG2E)
             (s,) = rows_allreduce((e.reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0),),
                                   combine_sum, plan_, buffer, 1)
         else:
@@ -130,14 +183,14 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
             for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
-                state = online_lse(state, x)
+                state = _online_lse(state, x)
             # the writer reads the target logit (a line the CTA has likely just read) before the row
             # reduction, which hides its latency
             if writer != 0:
                 if valid != 0:
                     x_t = x_row[t].to(Float32)
-            m, s = rows_allreduce(state, combine_lse, plan_, buffer)
-            m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
+            m, s = rows_allreduce(state, _combine_lse, plan_, buffer)
+            m, s = cluster_allreduce((m, s), _combine_lse, plan_, peers)
         if writer != 0:
             if row < rows:
                 lse, loss = Float32(NAN), Float32(NAN)  # out of range
@@ -332,6 +385,7 @@ def cross_entropy(logits, target, ignore_index, reduction):
     lse = torch.empty(N, dtype=torch.float32, device=logits.device)
     loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
     if N:
+        _check.assert_indices(target, V, ignore_index)
         vec, plan_, args = _rows_of("cross_entropy", (logits,))
         pointer = _compile.pointer
         _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],

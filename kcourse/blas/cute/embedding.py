@@ -1,8 +1,10 @@
 """embedding: out[n] = weight[indices[n]] for weight (V, D), out (*indices.shape, D), on the CuTe DSL.
 
 Forward: a gather. Bytes: N * D * itemsize read and written, plus the N indices. No FLOPs.
-An index outside [0, V) is never dereferenced: its output row is NaN (as triton's; PyTorch raises
-instead, which a kernel cannot do without a host sync).
+An index outside [0, V) is an error: on the host for CPU tensors (``_check.index_range``, an
+IndexError naming it), on the GPU a device assert launched before the kernel
+(``_check.assert_indices``: a min/max over the N indices and ``torch._assert_async``, no host
+synchronization). Such an index is never dereferenced: were the assert off, its row would be NaN.
 
 Backward: dweight[v] = sum of dout[n] over the n with indices[n] == v. Each thread adds its tokens'
 rows of dout, converted to float32, into a zeroed float32 (V, D) accumulator with ``red.global.add``
@@ -42,6 +44,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
+from .. import _check
 from . import _compile, _reduce
 
 THREADS = 256
@@ -132,6 +135,7 @@ def embedding(indices, weight):
     N = idx.numel()
     out = torch.empty((N, D), dtype=weight.dtype, device=weight.device)
     if out.numel():
+        _check.assert_indices(idx, V)
         vec = 1
         if weight.stride(1) == 1:
             vec = _reduce.vector_width(weight.element_size(), addresses=(weight.data_ptr(), out.data_ptr()),

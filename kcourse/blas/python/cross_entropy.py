@@ -5,7 +5,14 @@
     out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
 
 n_valid is the number of rows whose target is not ignore_index. A target outside [0, V) that is
-not ignore_index makes its row's lse and loss NaN (torch raises).
+not ignore_index is an IndexError (``_check.index_range``, on the host for CPU tensors; on a GPU a
+device assert here, ``_check.assert_indices``), as in torch.
+
+Non-finite logits, one rule on every backend: the shift is m_i where m_i is finite, else 0, so a
++inf logit gives s_i = lse_i = +inf and, against a finite target logit, loss_i = +inf (the value of
+logsumexp(x_i) - x_i,target_i, and the limit as that logit grows; ``F.cross_entropy`` in torch 2.13
+gives NaN, through its log_softmax's inf - inf); a +inf target logit gives inf - inf = NaN, a row of
+-inf NaN, a NaN logit NaN.
 
 Backward: d loss_i / d x_ij = exp(x_ij - lse_i) - [j == target_i] (softmax minus one-hot), so with
 g_i = dout / n_valid (mean), dout (sum), dout_i (none), and 0 on ignored rows:
@@ -16,11 +23,12 @@ The cache is ``(logits, target, lse)``, lse in float32 (float64 for float64 logi
 """
 import torch
 
+from .. import _check
 from ._acc import acc
 
 
 def _onehot(target: torch.Tensor, V: int) -> torch.Tensor:
-    """(N, V) bool: ``[j == target_i]``; all False for a target outside [0, V)."""
+    """(N, V) bool: ``[j == target_i]``; all False for an ignored target outside [0, V)."""
     return torch.arange(V, device=target.device)[None, :] == target[:, None]
 
 
@@ -44,12 +52,13 @@ def row_weights(dout: torch.Tensor, valid: torch.Tensor, reduction: str) -> torc
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
+    _check.assert_indices(target, logits.shape[1], ignore_index)  # on a GPU (the host checked CPU targets)
     x = acc(logits)  # (N, V)
     m = x.amax(dim=1)  # (N,)
+    m = torch.where(m.isinf(), 0, m)  # the shift: the row max where finite (a +inf max: s = lse = +inf)
     log_s = (x - m[:, None]).exp().sum(dim=1).log()  # (N,)
     onehot = _onehot(target, x.shape[1])
     valid = target != ignore_index
-    log_s = torch.where(valid & ~onehot.any(dim=1), torch.nan, log_s)  # a valid target outside [0, V)
     picked = torch.where(onehot, x, 0).sum(dim=1)  # (N,): x[i, target_i]
     loss = torch.where(valid, (m - picked) + log_s, 0)  # lse - picked, without rounding lse first
     return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, m + log_s)

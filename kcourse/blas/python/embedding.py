@@ -4,8 +4,9 @@ Backward: ``dweight[v] = sum of dout[n] over every n with indices[n] == v`` (rep
 accumulate), summed in float32 (float64 for float64) and rounded once to weight's dtype. The
 indices get no gradient. Cache: ``(indices, weight)`` (weight for its shape and dtype only).
 
-``index_select`` raises for an index outside ``[0, V)``, negative ones included (``weight[indices]``
-would wrap -1 to the last row).
+An index outside ``[0, V)`` is refused before this runs (``_check.index_range``: an IndexError
+naming it, on the host for CPU tensors); on a GPU ``index_select`` asserts on the device (and
+``weight[indices]`` would have wrapped -1 to the last row).
 """
 import torch
 
@@ -22,7 +23,7 @@ def embedding_backward(dout: torch.Tensor, cache, needs):
     if not needs[1]:
         return None, None
     V, D = weight.shape
-    dy = acc(dout).reshape(-1, D)  # (N, D)
+    dy = acc(dout).reshape(indices.numel(), D)  # (N, D); not reshape(-1, D): D may be 0
     dweight = torch.zeros(V, D, dtype=dy.dtype, device=dy.device)
     dweight.index_put_((indices.reshape(-1),), dy, accumulate=True)  # dweight[indices[n]] += dy[n]
     return None, dweight.to(weight.dtype)

@@ -9,6 +9,9 @@ from ._acc import acc
 
 
 def log_softmax(x: torch.Tensor, dim: int):
+    if x.shape[dim] == 0:  # nothing to normalize (amax has no identity): an empty result, as torch's
+        y = torch.empty_like(x)
+        return y, (y,)
     a = acc(x)
     shifted = a - a.amax(dim, keepdim=True)  # subtracting the max: no overflow in exp
     y = (shifted - shifted.exp().sum(dim, keepdim=True).log()).to(x.dtype)

@@ -9,6 +9,9 @@ from ._acc import acc
 
 
 def softmax(x: torch.Tensor, dim: int):
+    if x.shape[dim] == 0:  # nothing to normalize (amax has no identity): an empty result, as torch's
+        y = torch.empty_like(x)
+        return y, (y,)
     a = acc(x)
     e = (a - a.amax(dim, keepdim=True)).exp()  # subtracting the max: no overflow, same ratios
     y = (e / e.sum(dim, keepdim=True)).to(x.dtype)

@@ -3,7 +3,8 @@
 Backward: ``aten.embedding_dense_backward`` (the kernel behind F.embedding's autograd) on dy in
 float32 (float64 for float64), so repeated indices accumulate in float32, then one rounding to
 weight's dtype. On CUDA it sums with atomics unless ``torch.use_deterministic_algorithms``.
-Out-of-range indices raise (CPU) or trip a device assert (CUDA), as in PyTorch.
+An index outside [0, V) is refused before this runs on the CPU (``_check.index_range``: an
+IndexError naming it); on a GPU F.embedding's kernel asserts on the device.
 Cache: ``(indices, weight)`` (weight for its shape and dtype only).
 """
 import torch

@@ -5,8 +5,15 @@
     out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
 
 n_valid counts the rows whose target is not ignore_index (mean over none of them is 0/0 = NaN,
-as in torch). A target outside [0, V) that is not ignore_index is never read: its row's lse and
-loss are NaN (torch raises instead).
+as in torch). A target outside [0, V) that is not ignore_index is an error: on the host for CPU
+tensors (``_check.index_range``, an IndexError naming it), on a GPU a ``tl.device_assert`` in the
+forward kernel, compiled in by launching that one kernel with ``debug=True`` (and
+``sanitize_overflow=False``, so debug mode adds no other checks): one compare per row. Such a
+target is never read: were the assert off, its row's lse and loss would be NaN.
+
+Non-finite logits (the python reference's rule): exponentials are taken relative to the row max
+where it is finite, else relative to 0, so a +inf logit makes s and lse +inf and the loss +inf
+against a finite target logit (NaN for a +inf target logit, a row of -inf, or a NaN).
 
 Backward, with g_i = dout / n_valid (mean), dout (sum), dout_i (none), and 0 on ignored rows:
 
@@ -58,6 +65,9 @@ EARLY_LOAD = True  # forward, one pass: load the logits without waiting for the 
 PREFETCH = True  # forward, longer rows: load the next chunk before reducing the current one
 SUM_BLOCK, SUM_WARPS = 2048, 4  # mean / sum: rows per program of the partial sums, and its warps
 FINISH_BLOCK, FINISH_WARPS = 1024, 4  # ... partials per step of the one program that adds them
+# launch options of a kernel with a tl.device_assert: debug mode compiles the assert in, and nothing
+# else with sanitize_overflow off (the interpreter ignores them: there the host has checked already)
+CHECKED = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit
@@ -65,7 +75,8 @@ def _chunked_logsumexp(x_rows, stride_xv, V, n_read, PREFETCH: tl.constexpr, BLO
                        BLOCK_V: tl.constexpr):
     """``(m, s)`` of the rows at ``x_rows`` (BLOCK_M, 1), each over its first ``n_read`` (BLOCK_M, 1)
     columns (0: read nothing), BLOCK_V columns at a time: the row max ``m = max_j x_j`` and
-    ``s = sum_j exp(x_j - m)``, (BLOCK_M,) float32. A row of -inf gives ``m = -inf, s = 0``."""
+    ``s = sum_j exp(x_j - m)``, (BLOCK_M,) float32. A row of -inf gives ``m = -inf, s = 0``; a row
+    with a +inf ``m = +inf, s = +inf`` (sums relative to 0 from that chunk on; NaN logits still NaN)."""
     cols = tl.arange(0, BLOCK_V).to(tl.int64)[None, :]  # (1, BLOCK_V)
     m = tl.full([BLOCK_M], -float("inf"), tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)  # per lane: sum of exp(x - m)
@@ -80,8 +91,12 @@ def _chunked_logsumexp(x_rows, stride_xv, V, n_read, PREFETCH: tl.constexpr, BLO
             x = tl.load(x_rows + (start + cols) * stride_xv, mask=start + cols < n_read,
                         other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=1))  # (BLOCK_M,)
-        ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # only -inf so far: no -inf - -inf
-        acc = acc * tl.math.exp2((m - ref) * LOG2E)[:, None] + tl.math.exp2((x - ref[:, None]) * LOG2E)
+        pinf = m_new == float("inf")
+        ref = tl.where((m_new == -float("inf")) | pinf, 0.0, m_new)  # only -inf so far, or a +inf: no inf - inf
+        # the old sums' factor: exp(m - ref); once a +inf is met the sums are relative to 0 and the
+        # finite ones before it drop out (x 0; a NaN stays NaN)
+        scale = tl.where(pinf, tl.where(m == float("inf"), 1.0, 0.0), tl.math.exp2((m - ref) * LOG2E))
+        acc = acc * scale[:, None] + tl.math.exp2((x - ref[:, None]) * LOG2E)
         m = m_new
     return m, tl.sum(acc, axis=1)
 
@@ -94,7 +109,7 @@ def _tile_logsumexp(x):
     (x_j near m), so it is taken before scaling: folding the scale into one fused multiply-add,
     x_j log2 e - m log2 e, would round m log2 e, an error of ~5e-4 in lse at |x| ~ 1e4."""
     m = tl.max(x, axis=1)
-    ref = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf: s = 0, no -inf - -inf
+    ref = tl.where((m == -float("inf")) | (m == float("inf")), 0.0, m)  # no inf - inf: -inf rows s = 0, +inf s = inf
     return m, tl.sum(tl.math.exp2((x - ref[:, None]) * LOG2E), axis=1)
 
 
@@ -121,6 +136,7 @@ def cross_entropy_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, N, V, stride_xn, 
     t = tl.load(target_ptr + rows * stride_t, mask=row_ok, other=ignore_index).to(tl.int64)
     valid = t != ignore_index
     read = valid & (t >= 0) & (t < V)  # the rows with a loss: an ignored row gets 0, an out-of-range target NaN
+    tl.device_assert(read | ~valid, "cross_entropy: a target is outside [0, V) and not ignore_index")
     x_rows = x_ptr + rows[:, None] * stride_xn  # (BLOCK_M, 1)
     x_t = tl.load(x_ptr + rows * stride_xn + t * stride_xv, mask=read, other=0.0).to(tl.float32)
     if ONE_PASS:  # V <= BLOCK_V: one read, the tile stays in registers
@@ -234,7 +250,7 @@ def cross_entropy(logits, target, ignore_index, reduction):
         options = _forward_options(N, V)
         cross_entropy_kernel[(triton.cdiv(N, options["BLOCK_M"]),)](
             logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
-            EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options)
+            EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
     if reduction != "none":
         loss = _valid_sum(loss, target, ignore_index, reduction == "mean",
                           torch.empty((), dtype=logits.dtype, device=logits.device))

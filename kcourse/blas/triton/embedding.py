@@ -1,8 +1,11 @@
 """embedding: out[n] = weight[indices[n]] for weight (V, D), out (*indices.shape, D).
 
 Forward: a gather. One program per BLOCK_N tokens copies their rows of weight (any strides) into
-the contiguous output, BLOCK_D columns at a time. An index outside [0, V) is never dereferenced:
-its output row is NaN (PyTorch raises instead; a kernel cannot raise without a host sync).
+the contiguous output, BLOCK_D columns at a time. An index outside [0, V) is an error: on the host
+for CPU tensors (``_check.index_range``, an IndexError naming it), on a GPU a ``tl.device_assert`` in
+the forward kernel, compiled in by launching it with ``debug=True`` (``sanitize_overflow=False``:
+debug mode adds no other checks), one compare per token. Such an index is never dereferenced: were
+the assert off, its output row would be NaN.
 Bytes: N * D * itemsize read and written, plus the N indices. No FLOPs.
 
 Backward: dweight[v] = sum of dout[n] over the n with indices[n] == v. Each program adds its
@@ -25,6 +28,9 @@ import triton.language as tl
 from ._launch import block_indices
 
 NUM_WARPS = 4
+# launch options of a kernel with a tl.device_assert: debug mode compiles the assert in, and nothing
+# else with sanitize_overflow off (the interpreter ignores them: there the host has checked already)
+CHECKED = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit
@@ -35,6 +41,7 @@ def embedding_kernel(idx_ptr, w_ptr, out_ptr, N, V, D, stride_idx, stride_wv, st
     row_mask = rows < N
     idx = tl.load(idx_ptr + rows * stride_idx, mask=row_mask, other=0).to(tl.int64)  # (BLOCK_N,)
     valid = (idx >= 0) & (idx < V)
+    tl.device_assert(valid | ~row_mask, "embedding: an index is outside [0, V)")
     src = w_ptr + idx[:, None] * stride_wv  # (BLOCK_N, 1)
     dst = out_ptr + rows[:, None] * D
     for start in range(0, D, BLOCK_D):
@@ -72,7 +79,7 @@ def embedding(indices, weight):
     out = torch.empty((idx.numel(), D), dtype=weight.dtype, device=weight.device)
     if out.numel():
         grid, meta = _tiling(idx.numel(), D)
-        embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta)
+        embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta, **CHECKED)
     return out.reshape(*indices.shape, D), (indices, weight)
 
 
