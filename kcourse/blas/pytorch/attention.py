@@ -8,7 +8,13 @@ h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij 
 ``attention_backward`` does not spell that out: it recomputes the forward under
 ``torch.enable_grad()`` and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
 q, k, v, so the forward pays nothing for it; the backward pays a second forward).
+
+``scale`` NaN: every score is NaN, so by the formula every output and every gradient is NaN (the
+other backends' answer); SDPA returns zeros instead, so that case does not reach it. (With
+Tq = 0 or Tk = 0 there is no score: the same empty or zero results as for any scale.)
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -24,7 +30,13 @@ def _sdpa(q, k, v, causal, scale):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
 
 
+def _no_scores(q, k) -> bool:
+    return q.shape[2] == 0 or k.shape[2] == 0
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    if math.isnan(scale) and not _no_scores(q, k):
+        return torch.full_like(q, math.nan), (q, k, v)  # (B, H, Tq, D)
     return _sdpa(q, k, v, causal, scale), (q, k, v)
 
 
@@ -33,6 +45,8 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     wanted = [t for t in inputs if t.requires_grad]
     if not wanted:
         return None, None, None
+    if math.isnan(scale) and not _no_scores(*cache[:2]):
+        return tuple(torch.full_like(t, math.nan) if n else None for t, n in zip(cache, needs))
     with torch.enable_grad():
         grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, dout))
     return tuple(next(grads) if n else None for n in needs)
