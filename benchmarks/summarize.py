@@ -1,7 +1,7 @@
 """Turn a benchmark run's ``results.json`` into the markdown summary and the per-op plots.
 
-    python benchmarks/summarize.py benchmarks/results/h100/results.json            # print the table
-    python benchmarks/summarize.py benchmarks/results/h100/results.json --plots    # and redraw <op>.png
+    python -m benchmarks.summarize /tmp/bench/results.json            # print the table
+    python -m benchmarks.summarize /tmp/bench/results.json --plots    # and redraw <op>.png
 
 ``run.py`` calls the same two functions at the end of a run, so a committed ``results.json`` is
 enough to regenerate ``summary.md`` and every plot without a GPU.
@@ -224,56 +224,12 @@ def plot_panel(ax, pts: list[dict], meta: dict, title: str) -> None:
     ax.legend(fontsize=7)
 
 
-def readme_section(path: Path, reruns: list[Path]) -> str:
-    """The README's performance section: the target table of one run, and how the gemm target
-    points moved across repeated runs (the spread is part of the result)."""
-    results = json.loads(path.read_text())
-    meta = results["meta"]
-    ceilings = sorted({p["backend"] for p in results["points"] if p.get("ceiling_point")}) or ["torch.matmul"]
-    eager = sorted({p["backend"] for p in results["points"] if p.get("eager_point")})
-    lines = [f"{meta['device_name']}, {meta['date_utc'][:10]}; torch {meta['torch']}, triton {meta['triton']}, "
-             f"CUDA {meta['cuda']}. Ceilings measured in the same run: `copy_` {meta['copy_gbs']:.0f} GB/s; "
-             + ", ".join(f"`{c}`" for c in ceilings) + " per shape"
-             + (f"; torch eager to beat: {', '.join(f'`{e}`' for e in eager)}" if eager else "")
-             + f". Results: [`{path.parent.as_posix()}`]({path.parent.as_posix()}).", "",
-             target_table(results)]
-    if results.get("memory"):
-        lines += ["", "Attention peak memory, one forward + backward, above the inputs:", "", memory_table(results)]
-    runs = [results] + [json.loads(r.read_text()) for r in reruns]
-    if reruns:
-        lines += ["", "gemm target points, fraction of `torch.matmul`, in each of the "
-                  f"{len(runs)} runs of that day (same code):", "",
-                  "| shape | dtype | backend | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
-                  "|---|---|---|" + "---:|" * len(runs)]
-        key = lambda p: (shape_text(p), p["dtype"], p["backend"])  # noqa: E731
-        for p in results["points"]:
-            if p["op"] != "gemm" or not p.get("target") or p.get("ceiling_point") or p["status"] != "ok":
-                continue
-            fractions = [next((q.get("fraction") for q in r["points"] if q["op"] == "gemm"
-                               and not q.get("ceiling_point") and key(q) == key(p)), None) for r in runs]
-            lines.append(f"| {' | '.join(key(p))} | " + " | ".join(_num(f, ".3f") for f in fractions) + " |")
-    return "\n".join(lines)
-
-
-def write_readme(section: str, readme: Path = Path(__file__).resolve().parents[1] / "README.md") -> None:
-    text = readme.read_text()
-    head, rest = text.split("<!-- bench:start -->")
-    _, tail = rest.split("<!-- bench:end -->")
-    readme.write_text(f"{head}<!-- bench:start -->\n{section}\n<!-- bench:end -->{tail}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a results.json written by benchmarks/run.py")
     parser.add_argument("--plots", action="store_true", help="also redraw <op>.png next to results.json")
-    parser.add_argument("--readme", action="store_true", help="write the README's performance section from this run")
-    parser.add_argument("--rerun", type=Path, action="append", default=[],
-                        help="with --readme: another run's results.json whose gemm points join the spread table")
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
-    if args.readme:
-        write_readme(readme_section(args.results, args.rerun))
-        return
     print(summary_markdown(results))
     if args.plots:
         for path in plot_all(results, args.results.parent):
