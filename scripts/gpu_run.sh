@@ -24,7 +24,7 @@ if [[ $what == tests || $what == large || $what == all ]]; then
   (( status |= PIPESTATUS[0] ))
 fi
 if [[ $what == bench || $what == all ]]; then
-  timeout 540 python3 benchmarks/run.py --out /tmp/bench --backends ${BENCH_BACKENDS:-pytorch,triton} ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -n 60
+  timeout 540 python3 -m benchmarks.run --out /tmp/bench --backends ${BENCH_BACKENDS:-pytorch,triton} ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -n 60
   tar -C /tmp -czf "$out/bench.tgz" bench
 fi
 if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.sh first: DEVELOPERS.md)
