@@ -19,6 +19,8 @@ def embedding_backward(dout: torch.Tensor, cache, needs):
     indices, weight = cache
     if not needs[1]:
         return None, None
+    if dout.numel() == 0:  # no tokens or D = 0 (CUDA's embedding_dense_backward reads out of bounds at D = 0)
+        return None, torch.zeros_like(weight, memory_format=torch.contiguous_format)
     dy = dout.to(torch.promote_types(weight.dtype, torch.float32))
     dweight = torch.ops.aten.embedding_dense_backward(dy, indices, weight.shape[0], -1, False)
     return None, dweight.to(weight.dtype)
