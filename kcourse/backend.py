@@ -4,7 +4,11 @@ Precedence, highest first: the call's ``backend=`` > the innermost ``with use_ba
 > the ``KCOURSE_BACKEND`` environment variable > ``"pytorch"``.
 
 The active backend lives in a ``ContextVar``, so ``use_backend`` is nestable and safe across
-threads and asyncio tasks: each thread and each task sees its own innermost block.
+threads and asyncio tasks: each thread and each task sees its own innermost block. A thread started
+inside a block does not inherit it (threads start with an empty context); run its target through
+``contextvars.copy_context().run`` to hand it the block. torch.compile cannot read a ``ContextVar``:
+while it traces, ``get_backend`` reads a thread-local copy of the same value instead, on which the
+compiled code is guarded, so a compiled model called under another block recompiles.
 
 A backend is a package ``kcourse.blas.<name>`` with one module per op; the module for op ``gemm``
 exports a function ``gemm``. ``resolve`` is a lookup, never a fallback: an op a backend does not
@@ -19,6 +23,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -32,6 +37,7 @@ DEFAULT = "pytorch"
 ENV_VAR = "KCOURSE_BACKEND"
 
 _active: contextvars.ContextVar[str | None] = contextvars.ContextVar("kcourse_backend", default=None)
+_traced = threading.local()  # ``_traced.name``: the innermost block's backend, as torch.compile reads it
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,10 @@ class BackendInfo:
 
 
 def check_name(name: str) -> str:
-    """``name`` if it is a backend name, else a ``ValueError`` listing the valid ones."""
+    """``name`` if it is a backend name, else a ``TypeError`` (not a string) or ``ValueError``
+    listing the valid ones."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a string, one of {', '.join(NAMES)}; got {type(name).__name__}")
     if name not in NAMES:
         raise ValueError(f"unknown backend {name!r}; valid backends are {', '.join(NAMES)}")
     return name
@@ -58,15 +67,18 @@ def check_name(name: str) -> str:
 def use_backend(name: str) -> Iterator[str]:
     """Run the block with ``name`` as the default backend (nestable; thread- and task-safe)."""
     token = _active.set(check_name(name))
+    outer = getattr(_traced, "name", None)
+    _traced.name = name
     try:
         yield name
     finally:
+        _traced.name = outer
         _active.reset(token)
 
 
 def get_backend() -> str:
     """The backend an op called here without ``backend=`` would use."""
-    name = _active.get()
+    name = getattr(_traced, "name", None) if torch.compiler.is_compiling() else _active.get()
     if name is not None:
         return name
     env = os.environ.get(ENV_VAR)
@@ -118,6 +130,16 @@ def backends() -> dict[str, BackendInfo]:
 @functools.lru_cache(maxsize=None)
 def _available(name: str) -> BackendInfo:
     return _probe(name)
+
+
+def backend_for(op: str, backend: str | None) -> str:
+    """The backend a call of ``op`` runs on: ``backend``, else the active one. Eagerly it must run
+    here and have a kernel for ``op`` (else a clear error now); under torch.compile the op's kernel
+    lookup makes that check when the compiled code runs."""
+    name = get_backend() if backend is None else check_name(backend)
+    if not torch.compiler.is_compiling():
+        resolve(op, name)
+    return name
 
 
 def resolve(op: str, backend: str | None = None) -> tuple[str, Callable]:

@@ -48,7 +48,7 @@ def train_step(model, opt, x, y):
 class StepSpy(TorchDispatchMode):
     """Counts the backend kernels a step calls (``kernels``, by op: a BLAS op's forward and its
     pullback's ops, a primitive's forward) and the aten ops that move data (copies,
-    concatenations, casts) run outside those kernels (``copies``): by the modules, autograd.py and
+    concatenations, casts) run outside those kernels (``copies``): by the modules, the pullbacks and
     autograd's engine, e.g. AccumulateGrad copying a gradient into its parameter's layout."""
     COPIES = {"copy_", "clone", "cat", "_to_copy", "new_empty_strided"}
 
@@ -56,7 +56,6 @@ class StepSpy(TorchDispatchMode):
         super().__init__()
         self.depth, self.kernels, self.copies = 0, collections.Counter(), collections.Counter()
         import kcourse.backend as backend_module
-        import kcourse.blas.autograd as autograd_module
 
         def spied(lookup, counted):
             def patched(name, op):
@@ -75,7 +74,7 @@ class StepSpy(TorchDispatchMode):
             return patched
 
         monkeypatch.setattr(backend_module, "_kernel", spied(backend_module._kernel, 1))
-        monkeypatch.setattr(autograd_module, "backward_kernel", spied(autograd_module.backward_kernel, 0))
+        monkeypatch.setattr(backend_module, "backward_kernel", spied(backend_module.backward_kernel, 0))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__

@@ -10,17 +10,18 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight:
 FLOPs ~7ND forward, ~13ND backward; bytes 2NDs forward, 3NDs backward (+ the float32 partials of
 dweight and dbias): memory bound. The kernels, shared with rms_norm, are in ``_norm.py``
 (``center=True`` here): rows kept in registers, warp-shuffle then shared-memory row sums, and a
-deterministic two-stage reduction for dweight and dbias. The cache holds x as (N, D) rows and the
+deterministic two-stage reduction for dweight and dbias. The cache holds x and the
 float32 mean and rstd (N,), as triton's does.
 """
+from .._layout import rows_of
 from ._norm import norm_backward, norm_forward
 
 
 def layer_norm(x, weight, bias, eps):
-    y, x2, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
-    return y, (x2, weight, mean, rstd)
+    y, _, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
+    return y, (x, weight, mean, rstd)
 
 
 def layer_norm_backward(dout, cache, needs, eps):
-    x2, weight, mean, rstd = cache
-    return norm_backward(dout, x2, weight, mean, rstd, needs)
+    x, weight, mean, rstd = cache
+    return norm_backward(dout, rows_of(x), weight, mean, rstd, needs)

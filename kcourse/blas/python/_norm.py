@@ -19,11 +19,12 @@ def affine(xhat: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor |
 
 
 def norm_backward(dout, x, weight, mean, rstd, needs):
-    """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm."""
+    """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm;
+    mean and rstd hold one value per row of x (N,)."""
     d = x.shape[-1]
     dy, xf = acc(dout), acc(x)  # (..., D)
-    rstd = rstd[..., None]  # (..., 1)
-    xhat = (xf if mean is None else xf - mean[..., None]) * rstd
+    rstd = rstd.reshape(*x.shape[:-1], 1)  # (..., 1)
+    xhat = (xf if mean is None else xf - mean.reshape(*x.shape[:-1], 1)) * rstd
     dx = dweight = dbias = None
     if needs[0]:
         g = dy if weight is None else dy * acc(weight)

@@ -1,16 +1,22 @@
-"""attention (composite): ``out = softmax(scale q k^T + mask) v`` from kcourse ops on this backend.
+"""attention: ``out = softmax(scale q k^T + mask) v``, from kcourse ops on this backend.
 
-q (B, H, Tq, D), k and v (B, Hkv, Tk, D). Each kv head serves H / Hkv consecutive query heads: k and
-v are repeated to H heads, and every (batch, head) becomes one matrix of a batched product:
+q (B, H, Tq, D), k and v (B, Hkv, Tk, D). Each kv head serves G = H / Hkv consecutive query heads:
+k and v are repeated to H heads, and every (batch, head) becomes one matrix of a batched product:
 
-    S = gemm(q, k^T, alpha=scale)          (B*H, Tq, Tk)
-    S_ij = -inf where j > i                (causal, top-left aligned)
-    P = softmax(S, dim=-1)
-    out = gemm(P, v)                       (B*H, Tq, D)
+    S     = gemm(q, k^T, alpha=scale)          (B*H, Tq, Tk)
+    S_ij  = -inf where j > i                   (causal, top-left aligned)
+    lse_i = log sum_j exp(S_ij)                (B*H, Tq)
+    P     = exp(S - lse)                       the softmax
+    out   = gemm(P, v)                         (B*H, Tq, D)
 
-There is no ``attention_backward``: the gradients flow through the pullbacks of gemm and softmax
-(and of the reshapes, the repeat, the mask and the dtype casts, which torch differentiates). The
-whole chain runs in float32 (float64 for float64) and ``out`` is rounded once.
+Backward, with delta_i = sum_d dO_id O_id (which equals sum_j P_ij dP_ij):
+
+    dV = P^T dO     dP = dO V^T     dS = P * (dP - delta)     dQ = scale dS K     dK = scale dS^T Q
+
+and dK, dV summed over the G query heads that read each kv head. The cache is
+``(q, k, v, out, lse)``, as the fused kernels keep it: P is recomputed from lse. Everything runs in
+float32 (float64 for float64) and is rounded once. With no keys (Tk = 0) the output is 0 and lse
+is -inf.
 """
 import torch
 
@@ -18,16 +24,50 @@ from ... import blas
 from ._acc import acc
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    B, H, Tq, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    q3 = acc(q).reshape(B * H, Tq, D)
-    k3 = acc(k).repeat_interleave(H // Hkv, dim=1).reshape(B * H, Tk, D)  # query head h reads kv head h // (H/Hkv)
-    v3 = acc(v).repeat_interleave(H // Hkv, dim=1).reshape(B * H, Tk, D)
+def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
+    """(B, Hkv, T, D) -> (B*H, T, D) in the accumulation dtype: query head h reads kv head h // (H/Hkv)."""
+    B, Hkv, T, D = t.shape
+    return acc(t).repeat_interleave(H // Hkv, dim=1).reshape(B * H, T, D)
+
+
+def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     s = blas.gemm(q3, k3.mT, alpha=scale, backend="python")  # (B*H, Tq, Tk)
     if causal:
-        above = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(diagonal=1)  # key j > query i
+        above = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(diagonal=1)  # key j > query i
         s = s.masked_fill(above, float("-inf"))
-    p = blas.softmax(s, dim=-1, backend="python")
-    out = blas.gemm(p, v3, backend="python")  # (B*H, Tq, D)
-    return out.reshape(B, H, Tq, D).to(q.dtype), ()
+    return s
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    B, H, Tq, D = q.shape
+    q3, k3, v3 = acc(q).reshape(B * H, Tq, D), _heads(k, H), _heads(v, H)
+    s = _scores(q3, k3, causal, scale)  # (B*H, Tq, Tk)
+    if s.shape[-1]:
+        m = s.amax(dim=-1, keepdim=True)  # subtracting the row max: no overflow
+        lse = m + (s - m).exp().sum(dim=-1, keepdim=True).log()  # (B*H, Tq, 1)
+    else:
+        lse = s.new_full((B * H, Tq, 1), float("-inf"))
+    out = blas.gemm((s - lse).exp(), v3, backend="python")  # (B*H, Tq, D)
+    out = out.reshape(B, H, Tq, D).to(q.dtype)
+    return out, (q, k, v, out, lse.reshape(B, H, Tq))
+
+
+def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
+    q, k, v, out, lse = cache
+    if not any(needs):
+        return None, None, None
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    q3, k3, v3 = acc(q).reshape(B * H, Tq, D), _heads(k, H), _heads(v, H)
+    do, o = acc(dout).reshape(B * H, Tq, D), acc(out).reshape(B * H, Tq, D)
+    p = (_scores(q3, k3, causal, scale) - lse.reshape(B * H, Tq, 1)).exp()  # (B*H, Tq, Tk)
+    dp = blas.gemm(do, v3.mT, backend="python")  # (B*H, Tq, Tk)
+    ds = p * (dp - (do * o).sum(dim=-1, keepdim=True))
+
+    def per_kv_head(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # (B*H, Tk, D) -> (B, Hkv, Tk, D)
+        return g.reshape(B, Hkv, H // Hkv, Tk, D).sum(dim=2).to(like.dtype)
+
+    dq = blas.gemm(ds, k3, alpha=scale, backend="python").reshape(B, H, Tq, D).to(q.dtype) if needs[0] else None
+    dk = per_kv_head(blas.gemm(ds.mT, q3, alpha=scale, backend="python"), k) if needs[1] else None
+    dv = per_kv_head(blas.gemm(p.mT, do, backend="python"), v) if needs[2] else None
+    return dq, dk, dv

@@ -7,7 +7,8 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight (``_norm.norm_backwa
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy
 
-The cache holds mean and rstd (...,) in float32 (float64 for float64 x).
+The cache holds x, weight and the row statistics mean and rstd (N,) = one per row of x, in float32
+(float64 for float64 x).
 """
 import torch
 
@@ -21,7 +22,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     xc = xf - mean[..., None]
     rstd = 1 / torch.sqrt((xc * xc).mean(dim=-1) + eps)  # (...,)
     y = affine(xc * rstd[..., None], weight, bias)
-    return y.to(x.dtype), (x, weight, mean, rstd)
+    return y.to(x.dtype), (x, weight, mean.reshape(-1), rstd.reshape(-1))
 
 
 def layer_norm_backward(dout, cache, needs, eps):

@@ -6,7 +6,7 @@ Backward, with xhat = x * rstd and g = dy * weight (``_norm.norm_backward`` with
 
     dx = rstd * (g - xhat * mean(g * xhat)),   dweight = sum_rows dy * xhat
 
-The cache holds rstd (...,) in float32 (float64 for float64 x).
+The cache holds x, weight and rstd (N,) = one per row of x, in float32 (float64 for float64 x).
 """
 import torch
 
@@ -18,7 +18,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
     xf = acc(x)  # (..., D)
     rstd = 1 / torch.sqrt((xf * xf).mean(dim=-1) + eps)  # (...,)
     y = affine(xf * rstd[..., None], weight, None)
-    return y.to(x.dtype), (x, weight, rstd)
+    return y.to(x.dtype), (x, weight, rstd.reshape(-1))
 
 
 def rms_norm_backward(dout, cache, needs, eps):

@@ -10,14 +10,15 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight:
 The kernels, shared with rms_norm, are in ``_norm.py`` (``CENTER=True`` here). The cache holds x as
 (N, D) rows and the float32 mean and rstd (N,).
 """
+from .._layout import rows_of
 from ._norm import norm_backward, norm_forward
 
 
 def layer_norm(x, weight, bias, eps):
-    y, x2, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
-    return y, (x2, weight, mean, rstd)
+    y, _, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
+    return y, (x, weight, mean, rstd)
 
 
 def layer_norm_backward(dout, cache, needs, eps):
-    x2, weight, mean, rstd = cache
-    return norm_backward(dout, x2, weight, mean, rstd, needs)
+    x, weight, mean, rstd = cache
+    return norm_backward(dout, rows_of(x), weight, mean, rstd, needs)

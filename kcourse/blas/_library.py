@@ -1,0 +1,599 @@
+"""Every kcourse op as a ``torch.library`` custom op: ``torch.ops.kcourse.<op>(..., backend)``.
+
+This is the one dispatch module: ``kcourse.blas`` (the public API) calls these ops, and the
+autograd formulas registered here call them too. Each op is declared once, with
+
+  - its implementation: the kernel of the backend named by its last argument, looked up by name
+    (``kcourse.backend.resolve``); it runs on whichever device the tensors are on;
+  - a fake implementation: the output's shape, dtype and (contiguous) strides, computed from the
+    inputs' metadata alone, so ``torch.compile`` traces through the op without running it. It
+    runs the same validation as the eager call, so a traced call with bad arguments fails alike;
+  - an autograd formula whose backward runs on the forward's backend: for the BLAS ops a pullback
+    composed of these same ops, for the transformer primitives the backend's backward kernel,
+    itself a custom op (``torch.ops.kcourse.<op>_backward``);
+  - an autocast rule: torch's own policy for the ATen op it stands for (``AUTOCAST``).
+
+The backend is an argument, resolved before the op is called, so nothing traced reads a
+ContextVar or imports a module, and a compiled graph records which backend runs each op.
+
+The ``op_`` variants mutate their target (``Tensor(a!)`` in the schema) and return nothing; the
+public ``kcourse.blas.<op>_`` returns the target. Outputs of the out-of-place ops are always
+contiguous (the fake implementations promise it).
+
+BLAS conventions kept on every backend, whatever the kernel underneath does: with ``beta == 0``
+``C``/``y`` is not read (NaN there does not reach the result); with ``alpha == 0`` ``A``, ``B``,
+``x`` and ``y`` are not read: the result is ``beta * C`` (zeros when ``beta == 0`` too), or ``A``
+for ``geru``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .. import backend as backends
+from . import _check
+
+LIB = torch.library.Library("kcourse", "DEF")
+ops = torch.ops.kcourse
+
+# torch's autocast policy for the ATen op each kcourse op stands for:
+#   "lower"   runs in the autocast dtype (mm, addmv, addr, scaled_dot_product_attention)
+#   "fp32"    computes in float32 (softmax, log_softmax, cross_entropy, layer_norm, rms_norm)
+#   "promote" runs in the widest floating dtype of its inputs (a residual add of a float32 stream
+#             and a bfloat16 projection)
+# Ops not listed (the activations, rope, embedding, copy, scal) run in their inputs' dtype.
+# float64 tensors are never cast.
+AUTOCAST = {
+    "gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower",
+    "softmax": "fp32", "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
+    "axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "promote",
+}
+
+
+def _cast(args: tuple, policy: str, device: str) -> tuple:
+    floats = [a for a in args if isinstance(a, Tensor) and a.is_floating_point() and a.device.type == device]
+    if policy == "lower":
+        dtype = torch.get_autocast_dtype(device)
+    elif policy == "fp32":
+        dtype = torch.float32
+    elif floats:
+        dtype = functools.reduce(torch.promote_types, (a.dtype for a in floats))
+    else:
+        return args
+    return tuple(a.to(dtype) if any(a is f for f in floats) and a.dtype != torch.float64 else a for a in args)
+
+
+def _register_autocast(name: str, policy: str) -> None:
+    op = getattr(ops, name).default
+    for device, key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
+        excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def kernel(keyset, *args, _excluded=excluded, _device=device):
+            with torch._C._ExcludeDispatchKeyGuard(_excluded):
+                return op(*_cast(args, policy, _device))
+
+        LIB.impl(name, kernel, key, with_keyset=True)
+
+
+def _define(schema: str, impl: Callable, fake: Callable) -> str:
+    name = schema[: schema.index("(")]
+    LIB.define(schema)
+    LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kcourse::{name}", fake, lib=LIB)
+    if name in AUTOCAST:
+        _register_autocast(name, AUTOCAST[name])
+    return name
+
+
+def kernel(op: str, backend: str) -> Callable:
+    return backends.resolve(op, backend)[1]
+
+
+def _new(like: Tensor, shape) -> Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+# ============================================================================= the BLAS ops
+# Each ``_<op>_into`` writes its result into ``out`` (a new tensor, or the in-place target).
+
+def _copy_into(x, backend, out):
+    return kernel("copy", backend)(x, out) if x.numel() else out
+
+
+def _swap_into(x, y, backend, out_x, out_y):
+    return kernel("swap", backend)(x, y, out_x, out_y) if x.numel() else (out_x, out_y)
+
+
+def _scal_into(x, alpha, backend, out):
+    return kernel("scal", backend)(x, alpha, out) if x.numel() else out
+
+
+def _axpby_into(x, y, alpha, beta, backend, out):
+    return kernel("axpby", backend)(x, y if beta != 0 else None, alpha, beta, out) if x.numel() else out
+
+
+def _beta_times(C, beta, backend, out):
+    """``beta * C`` (C broadcast to ``out``), or zeros for ``beta == 0``: the BLAS answer when
+    ``alpha == 0``, where the product's operands are not read."""
+    if beta == 0 or C is None:
+        return out.zero_()
+    return _scal_into(C.expand(out.shape), beta, backend, out)
+
+
+def _gemv_into(A, x, y, alpha, beta, backend, out):
+    if not out.numel():
+        return out
+    if alpha == 0:
+        return _beta_times(y, beta, backend, out)
+    return kernel("gemv", backend)(A, x, y if beta != 0 else None, alpha, beta, out)
+
+
+def _geru_into(A, x, y, alpha, backend, out):
+    if not out.numel():
+        return out
+    if alpha == 0:
+        return out if out is A else _copy_into(A, backend, out)
+    return kernel("geru", backend)(A, x, y, alpha, out)
+
+
+def gemm_shape(A: Tensor, B: Tensor) -> tuple[int, ...]:
+    """The output shape of ``A @ B``: 2-D operands, or a broadcast batch (a 2-D operand, or one of
+    batch 1, is shared: batch 1 against batch 0 is batch 0, as ``torch.matmul``)."""
+    if A.dim() == B.dim() == 2:
+        return (A.shape[0], B.shape[1])
+    ba = A.shape[0] if A.dim() == 3 else 1
+    bb = B.shape[0] if B.dim() == 3 else 1
+    return (bb if ba == 1 else ba, A.shape[-2], B.shape[-1])
+
+
+def _gemm_into(A, B, C, alpha, beta, backend, out):
+    """Expand the operands to the output's rank (stride-0 views, no copies) and run the kernel."""
+    if not out.numel():
+        return out
+    if alpha == 0:
+        return _beta_times(C, beta, backend, out)
+    if out.dim() == 3:
+        A, B = A.expand(out.shape[0], *A.shape[-2:]), B.expand(out.shape[0], *B.shape[-2:])
+    C = C.expand(out.shape) if C is not None and beta != 0 else None
+    return kernel("gemm", backend)(A, B, C, alpha, beta, out)
+
+
+def _copy(x, backend):
+    return _copy_into(x, backend, _new(x, x.shape))
+
+
+def _copy_(x, y, backend):
+    _copy_into(x, backend, y)
+
+
+def _swap(x, y, backend):
+    return tuple(_swap_into(x, y, backend, _new(x, x.shape), _new(y, y.shape)))
+
+
+def _swap_(x, y, backend):
+    _swap_into(x, y, backend, x, y)
+
+
+def _scal(x, alpha, backend):
+    return _scal_into(x, alpha, backend, _new(x, x.shape))
+
+
+def _scal_(x, alpha, backend):
+    _scal_into(x, alpha, backend, x)
+
+
+def _axpby(x, y, alpha, beta, backend):
+    return _axpby_into(x, y, alpha, beta, backend, _new(x, x.shape))
+
+
+def _axpby_(x, y, alpha, beta, backend):
+    _axpby_into(x, y, alpha, beta, backend, y)
+
+
+def _dot(x, y, backend):
+    if not x.numel():
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return kernel("dot", backend)(x, y)
+
+
+def _gemv(A, x, y, alpha, beta, backend):
+    return _gemv_into(A, x, y, alpha, beta, backend, _new(A, A.shape[:1]))
+
+
+def _gemv_(A, x, y, alpha, beta, backend):
+    _gemv_into(A, x, y, alpha, beta, backend, y)
+
+
+def _geru(A, x, y, alpha, backend):
+    return _geru_into(A, x, y, alpha, backend, _new(A, A.shape))
+
+
+def _geru_(A, x, y, alpha, backend):
+    _geru_into(A, x, y, alpha, backend, A)
+
+
+def _gemm(A, B, C, alpha, beta, backend):
+    return _gemm_into(A, B, C, alpha, beta, backend, _new(A, gemm_shape(A, B)))
+
+
+def _gemm_(A, B, C, alpha, beta, backend):
+    _gemm_into(A, B, C, alpha, beta, backend, C)
+
+
+def _nothing(*args):
+    return None
+
+
+def _validated(check: Callable, fake: Callable) -> Callable:
+    """A fake implementation that first runs the eager call's validation."""
+    def validated_fake(*args):
+        check(*args)
+        return fake(*args)
+    return validated_fake
+
+
+_define("copy(Tensor x, str backend) -> Tensor", _copy,
+        _validated(lambda x, b: _check.check_copy(b, x), lambda x, b: x.new_empty(x.shape)))
+_define("copy_(Tensor x, Tensor(a!) y, str backend) -> ()", _copy_, _nothing)
+_define("swap(Tensor x, Tensor y, str backend) -> (Tensor, Tensor)", _swap,
+        _validated(lambda x, y, b: _check.check_swap(b, x, y),
+                   lambda x, y, b: (x.new_empty(x.shape), y.new_empty(y.shape))))
+_define("swap_(Tensor(a!) x, Tensor(b!) y, str backend) -> ()", _swap_, _nothing)
+_define("scal(Tensor x, float alpha, str backend) -> Tensor", _scal,
+        _validated(lambda x, a, b: _check.check_scal(b, x, a), lambda x, a, b: x.new_empty(x.shape)))
+_define("scal_(Tensor(a!) x, float alpha, str backend) -> ()", _scal_, _nothing)
+_define("axpby(Tensor x, Tensor y, float alpha, float beta, str backend) -> Tensor", _axpby,
+        _validated(lambda x, y, a, be, b: _check.check_axpby(b, x, y, a, be),
+                   lambda x, y, a, be, b: x.new_empty(x.shape)))
+_define("axpby_(Tensor x, Tensor(a!) y, float alpha, float beta, str backend) -> ()", _axpby_, _nothing)
+_define("dot(Tensor x, Tensor y, str backend) -> Tensor", _dot,
+        _validated(lambda x, y, b: _check.check_dot(b, x, y), lambda x, y, b: x.new_empty(())))
+_define("gemv(Tensor A, Tensor x, Tensor? y, float alpha, float beta, str backend) -> Tensor", _gemv,
+        _validated(lambda A, x, y, a, be, b: _check.check_gemv(b, A, x, y, a, be),
+                   lambda A, x, y, a, be, b: A.new_empty(A.shape[:1])))
+_define("gemv_(Tensor A, Tensor x, Tensor(a!) y, float alpha, float beta, str backend) -> ()", _gemv_, _nothing)
+_define("geru(Tensor A, Tensor x, Tensor y, float alpha, str backend) -> Tensor", _geru,
+        _validated(lambda A, x, y, a, b: _check.check_geru(b, A, x, y, a), lambda A, x, y, a, b: A.new_empty(A.shape)))
+_define("geru_(Tensor(a!) A, Tensor x, Tensor y, float alpha, str backend) -> ()", _geru_, _nothing)
+_define("gemm(Tensor A, Tensor B, Tensor? C, float alpha, float beta, str backend) -> Tensor", _gemm,
+        _validated(lambda A, B, C, a, be, b: _check.check_gemm(b, A, B, C, a, be),
+                   lambda A, B, C, a, be, b: A.new_empty(gemm_shape(A, B))))
+_define("gemm_(Tensor A, Tensor B, Tensor(a!) C, float alpha, float beta, str backend) -> ()", _gemm_, _nothing)
+
+
+# ----------------------------------------------------------------------------- their pullbacks
+#
+#     gemm  C = a A B + b C0   dA = a dC B^T (gemm)   dB = a A^T dC (gemm)   dC0 = b dC (scal)
+#     gemv  y = a A x + b y0   dA = a dy x^T (geru)   dx = a A^T dy (gemv)   dy0 = b dy (scal)
+#     geru  A = A0 + a x y^T   dA0 = dA               dx = a dA y (gemv)     dy = a dA^T x (gemv)
+#     dot   z = x^T y          dx = dz y (gemm)       dy = dz x (gemm)   (k = 1: dz stays on the device)
+#     axpby r = a x + b y      dx = a dr (scal)       dy = b dr (scal)
+#
+# Each pullback calls the ops above on the forward's backend, so under ``create_graph=True`` it is
+# itself differentiable (double backward). What a training step does not pay for:
+#   - validation: the operands are the forward's, and the gradient's shape, dtype and device were
+#     matched to the output by autograd's engine;
+#   - a copy of every weight gradient: a weight W (out, in) enters Linear as the view W.mT. Its
+#     gradient A^T dC written row-major would reach W transposed, and autograd would copy it into
+#     W's layout. So a gradient whose operand is such a view is computed transposed,
+#     (a dC^T A)^T: one gemm, landing in W's own layout (``_product``);
+#   - a scale by exactly 1 (a residual, a bias added with beta = 1): the gradient passes through;
+#   - a fill of ones per bias gradient: ``_sum_to``'s ones are one cached element, broadcast;
+#   - host synchronizations: none, so a whole step can be captured in a CUDA graph.
+
+_ONES: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+
+
+def _scaled(grad: Tensor, a: float, backend: str) -> Tensor:
+    return grad if a == 1 else ops.scal(grad, a, backend)
+
+
+def _column_major(t: Tensor) -> bool:
+    """Is ``t`` a transposed view of a row-major matrix (a weight ``W`` passed as ``W.mT``)?"""
+    return t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1
+
+
+def _product(X: Tensor, Y: Tensor, a: float, backend: str, like: Tensor) -> Tensor:
+    """``a X Y`` (one gemm), laid out as ``like`` when that is a transposed view of the same shape."""
+    if _column_major(like) and X.shape[:-2] == Y.shape[:-2] == like.shape[:-2]:
+        return ops.gemm(Y.mT, X.mT, None, a, 0.0, backend).mT
+    return ops.gemm(X, Y, None, a, 0.0, backend)
+
+
+def _ones(n: int, like: Tensor) -> Tensor:
+    """``n`` ones: a stride-0 view of one cached element. One made while a CUDA graph is being
+    captured is not cached (its fill runs only when the graph replays), and while torch.compile
+    traces (``like`` is then a fake or functional tensor, not a ``torch.Tensor`` itself) the
+    cache is neither read nor written: the graph makes its own."""
+    if type(like) is not Tensor or torch.compiler.is_compiling():
+        return torch.ones(1, dtype=like.dtype, device=like.device).expand(n)
+    key = (like.dtype, like.device)
+    one = _ONES.get(key)
+    if one is None:
+        one = torch.ones(1, dtype=like.dtype, device=like.device)
+        if not (one.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _ONES[key] = one
+    return one.expand(n)
+
+
+def _sum_to(grad: Tensor, shape, backend: str) -> Tensor:
+    """Sum ``grad`` over the dimensions that broadcasting expanded from ``shape``: one gemv."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.dim() - len(shape)
+    padded = (1,) * lead + tuple(shape)
+    reduced = [d for d in range(grad.dim()) if padded[d] == 1 and grad.shape[d] != 1]
+    kept = [d for d in range(grad.dim()) if d not in reduced]
+    R, K = math.prod(grad.shape[d] for d in reduced), math.prod(grad.shape[d] for d in kept)
+    rows = grad.permute(*reduced, *kept).reshape(R, K)  # (R, K)
+    return ops.gemv(rows.mT, _ones(R, grad), None, 1.0, 0.0, backend).reshape(shape)  # (K, R) @ (R,)
+
+
+def _register(name: str, setup: Callable, backward: Callable) -> None:
+    torch.library.register_autograd(f"kcourse::{name}", backward, setup_context=setup, lib=LIB)
+
+
+def _setup_scalars(ctx, inputs, output):  # copy, swap, scal, axpby: no tensor saved
+    ctx.inputs = [None if isinstance(t, Tensor) else t for t in inputs]
+
+
+_register("copy", _setup_scalars, lambda ctx, dy: (dy, None))
+_register("swap", _setup_scalars, lambda ctx, dx_new, dy_new: (dy_new, dx_new, None))  # x' = y, y' = x
+
+
+def _scal_backward(ctx, dy):
+    _, alpha, backend = ctx.inputs
+    return _scaled(dy, alpha, backend), None, None
+
+
+def _axpby_backward(ctx, dr):
+    _, _, alpha, beta, backend = ctx.inputs
+    dx = _scaled(dr, alpha, backend) if ctx.needs_input_grad[0] else None
+    dy = _scaled(dr, beta, backend) if ctx.needs_input_grad[1] else None
+    return dx, dy, None, None, None
+
+
+_register("scal", _setup_scalars, _scal_backward)
+_register("axpby", _setup_scalars, _axpby_backward)
+
+
+def _setup_dot(ctx, inputs, output):
+    x, y, ctx.backend = inputs
+    ctx.save_for_backward(x, y)
+
+
+def _dot_backward(ctx, dz):
+    x, y = ctx.saved_tensors
+    dz = dz.reshape(1, 1)
+    dx = ops.gemm(y[:, None], dz, None, 1.0, 0.0, ctx.backend)[:, 0] if ctx.needs_input_grad[0] else None
+    dy = ops.gemm(x[:, None], dz, None, 1.0, 0.0, ctx.backend)[:, 0] if ctx.needs_input_grad[1] else None
+    return dx, dy, None
+
+
+_register("dot", _setup_dot, _dot_backward)
+
+
+def _setup_gemv(ctx, inputs, output):
+    A, x, _, ctx.alpha, ctx.beta, ctx.backend = inputs
+    ctx.save_for_backward(A, x)
+
+
+def _gemv_backward(ctx, dy):
+    A, x = ctx.saved_tensors
+    a, b, be = ctx.alpha, ctx.beta, ctx.backend
+    dA = ops.geru(torch.zeros_like(A), dy, x, a, be) if ctx.needs_input_grad[0] else None  # (m, n)
+    dx = ops.gemv(A.mT, dy, None, a, 0.0, be) if ctx.needs_input_grad[1] else None  # (n, m) @ (m,)
+    dy0 = _scaled(dy, b, be) if ctx.needs_input_grad[2] else None
+    return dA, dx, dy0, None, None, None
+
+
+_register("gemv", _setup_gemv, _gemv_backward)
+
+
+def _setup_geru(ctx, inputs, output):
+    _, x, y, ctx.alpha, ctx.backend = inputs
+    ctx.save_for_backward(x, y)
+
+
+def _geru_backward(ctx, dA):
+    x, y = ctx.saved_tensors
+    a, be = ctx.alpha, ctx.backend
+    dx = ops.gemv(dA, y, None, a, 0.0, be) if ctx.needs_input_grad[1] else None  # (m, n) @ (n,)
+    dy = ops.gemv(dA.mT, x, None, a, 0.0, be) if ctx.needs_input_grad[2] else None  # (n, m) @ (m,)
+    return dA, dx, dy, None, None
+
+
+_register("geru", _setup_geru, _geru_backward)
+
+
+def _setup_gemm(ctx, inputs, output):
+    A, B, C, ctx.alpha, ctx.beta, ctx.backend = inputs
+    ctx.C_shape = None if C is None else C.shape
+    ctx.save_for_backward(A, B)
+
+
+def _gemm_backward(ctx, dC):
+    A, B = ctx.saved_tensors
+    a, b, be = ctx.alpha, ctx.beta, ctx.backend
+    dA = dB = dC0 = None
+    if ctx.needs_input_grad[0]:
+        dA = _sum_to(_product(dC, B.mT, a, be, like=A), A.shape, be)  # (.., m, n)(.., n, k)
+    if ctx.needs_input_grad[1]:
+        if B.dim() == 2 and dC.dim() == 3:  # B shared by the batch: one (k, b*m) @ (b*m, n) gemm
+            (k, n), rows = B.shape, dC.shape[0] * dC.shape[1]
+            dB = _product(A.expand(dC.shape[0], -1, -1).reshape(rows, k).mT, dC.reshape(rows, n), a, be, like=B)
+        else:
+            dB = _sum_to(_product(A.mT, dC, a, be, like=B), B.shape, be)  # (.., k, m)(.., m, n)
+    if ctx.needs_input_grad[2]:
+        dC0 = _sum_to(_scaled(dC, b, be), ctx.C_shape, be)
+    return dA, dB, dC0, None, None, None
+
+
+_register("gemm", _setup_gemm, _gemm_backward)
+
+
+# ============================================================================= the transformer primitives
+# A backend module exports ``<op>(*inputs, **params) -> (out, cache)`` and
+# ``<op>_backward(dout, cache, needs, **params) -> grads`` (llm.c style). The custom op
+# ``<op>(inputs, params, backend) -> [out, *extras]`` returns the output and the tensors the forward
+# made for the backward (a norm's mean and rstd, a logsumexp), so that autograd can save them. The
+# backward reads ``cache = (*saved, *extras)``, where ``saved`` names inputs and the output.
+
+
+@dataclass(frozen=True)
+class Primitive:
+    inputs: str  # the tensor inputs, as in a schema
+    params: str  # the parameters, as in a schema (the backend kernels' keyword arguments)
+    check: Callable  # (backend, inputs, params) -> the eager call's validation
+    out: Callable  # (*inputs, **params) -> the output (empty), as the fake implementation gives it
+    saved: tuple[str, ...]  # what the backward reads first: input names and "out"
+    extras: Callable = lambda *inputs, **params: []  # the forward's other tensors, empty
+    grads: tuple = ("dout",)  # per input, where its gradient's shape comes from: "dout", "row"
+    #                           (the last dim of dout), a name in ``saved``, or None (not differentiable)
+    strided_dout: bool = False  # the backward kernels read dout through its strides
+
+    @property
+    def input_names(self) -> list[str]:
+        return [a.split()[-1] for a in self.inputs.split(",")]
+
+    @property
+    def param_names(self) -> list[str]:
+        return [a.split()[-1] for a in self.params.split(",")] if self.params else []
+
+
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _row_stats(n: int):
+    """Fake per-row statistics (N,) in the accumulation dtype, ``n`` of them."""
+    def stats(x, *rest, **params):
+        return [x.new_empty(x.shape[:-1].numel(), dtype=_acc_dtype(x)) for _ in range(n)]
+    return stats
+
+
+def _like(x, *rest, **params):
+    return x.new_empty(x.shape)
+
+
+def _loss(logits, target, ignore_index, reduction):
+    return logits.new_empty(logits.shape[:1] if reduction == "none" else ())
+
+
+def _embedded(indices, weight):
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+def _attention_lse(q, k, v, causal, scale):
+    return [q.new_empty(q.shape[:3], dtype=_acc_dtype(q))]
+
+
+PRIMITIVES: dict[str, Primitive] = {
+    "softmax": Primitive("Tensor x", "int dim", lambda b, x, p: _check.check_softmax(b, x, p["dim"]),
+                         _like, saved=("out",)),
+    "log_softmax": Primitive("Tensor x", "int dim",
+                             lambda b, x, p: _check.check_softmax(b, x, p["dim"], op="log_softmax"),
+                             _like, saved=("out",)),
+    "cross_entropy": Primitive("Tensor logits, Tensor target", "int ignore_index, str reduction",
+                               lambda b, x, t, p: _check.check_cross_entropy(b, x, t, **p), _loss,
+                               saved=("logits", "target"), extras=_row_stats(1),
+                               grads=("logits", None)),
+    "layer_norm": Primitive("Tensor x, Tensor? weight, Tensor? bias", "float eps",
+                            lambda b, x, w, bi, p: _check.check_layer_norm(b, x, w, bi, **p), _like,
+                            saved=("x", "weight"), extras=_row_stats(2), grads=("dout", "row", "row")),
+    "rms_norm": Primitive("Tensor x, Tensor? weight", "float eps",
+                          lambda b, x, w, p: _check.check_rms_norm(b, x, w, **p), _like,
+                          saved=("x", "weight"), extras=_row_stats(1), grads=("dout", "row")),
+    "gelu": Primitive("Tensor x", "str approximate",
+                      lambda b, x, p: _check.check_activation(b, "gelu", x, **p), _like, saved=("x",)),
+    "silu": Primitive("Tensor x", "", lambda b, x, p: _check.check_activation(b, "silu", x), _like, saved=("x",)),
+    "relu": Primitive("Tensor x", "", lambda b, x, p: _check.check_activation(b, "relu", x), _like, saved=("x",)),
+    "swiglu": Primitive("Tensor gate, Tensor up", "", lambda b, g, u, p: _check.check_swiglu(b, g, u), _like,
+                        saved=("gate", "up"), grads=("dout", "dout")),
+    "embedding": Primitive("Tensor indices, Tensor weight", "",
+                           lambda b, i, w, p: _check.check_embedding(b, i, w), _embedded,
+                           saved=("indices", "weight"), grads=(None, "weight")),
+    "rope": Primitive("Tensor x, Tensor? positions", "float base",
+                      lambda b, x, pos, p: _check.check_rope(b, x, p["base"], pos), _like,
+                      saved=("positions",), grads=("dout", None)),
+    "attention": Primitive("Tensor q, Tensor k, Tensor v", "bool causal, float scale",
+                           lambda b, q, k, v, p: _check.check_attention(b, q, k, v, **p), _like,
+                           saved=("q", "k", "v", "out"), extras=_attention_lse, grads=("q", "k", "v"),
+                           strided_dout=True),
+}
+
+# The pytorch backend's attention keeps only q, k, v: its backward recomputes SDPA's forward.
+SAVED_BY_BACKEND = {("attention", "pytorch"): ("q", "k", "v")}
+
+
+def _saved(op: str, backend: str) -> tuple[str, ...]:
+    return SAVED_BY_BACKEND.get((op, backend), PRIMITIVES[op].saved)
+
+
+def _split(spec: Primitive, args: tuple) -> tuple[tuple, dict, str]:
+    n = len(spec.input_names)
+    return args[:n], dict(zip(spec.param_names, args[n:-1])), args[-1]
+
+
+def _define_primitive(op: str, spec: Primitive) -> None:
+    params = f"{spec.params}, " if spec.params else ""
+
+    def forward(*args):
+        inputs, p, backend = _split(spec, args)
+        out, cache = kernel(op, backend)(*inputs, **p)
+        return [out.contiguous(), *(t.contiguous() for t in cache[len(_saved(op, backend)):])]
+
+    def forward_fake(*args):
+        inputs, p, backend = _split(spec, args)
+        spec.check(backend, *inputs, p)
+        extras = [] if (op, backend) in SAVED_BY_BACKEND else spec.extras(*inputs, **p)
+        return [spec.out(*inputs, **p), *extras]
+
+    _define(f"{op}({spec.inputs}, {params}str backend) -> Tensor[]", forward, forward_fake)
+
+    def backward(dout, saved, needs, *args):
+        p, backend = dict(zip(spec.param_names, args[:-1])), args[-1]
+        grads = backends.backward_kernel(backend, op)(dout, tuple(saved), tuple(needs), **p)
+        return [g.contiguous() for g, need in zip(grads, needs) if need]
+
+    def backward_fake(dout, saved, needs, *args):
+        backend = args[-1]
+        named = dict(zip(_saved(op, backend), saved))
+        shapes = {"dout": dout.shape, "row": dout.shape[-1:]}
+        return [dout.new_empty(shapes[g] if g in shapes else named[g].shape)
+                for g, need in zip(spec.grads, needs) if need]
+
+    _define(f"{op}_backward(Tensor dout, Tensor?[] saved, bool[] needs, {params}str backend) -> Tensor[]",
+            backward, backward_fake)
+
+    def setup(ctx, inputs, output):
+        n = len(spec.input_names)
+        named = dict(zip(spec.input_names, inputs[:n]), out=output[0])
+        ctx.n, ctx.args = n, inputs[n:]
+        ctx.save_for_backward(*(named[name] for name in _saved(op, inputs[-1])), *output[1:])
+
+    def pullback(ctx, grads):
+        needs = list(ctx.needs_input_grad[:ctx.n])
+        rest = [None] * len(ctx.args)
+        if not any(needs):
+            return (*[None] * ctx.n, *rest)
+        dout = grads[0] if spec.strided_dout else grads[0].contiguous()
+        got = iter(getattr(ops, f"{op}_backward")(dout, list(ctx.saved_tensors), needs, *ctx.args))
+        return (*(next(got) if need else None for need in needs), *rest)
+
+    _register(op, setup, pullback)
+
+    def no_second_derivative(ctx, *grads):
+        raise NotImplementedError(f"{op}: second derivatives are not implemented (the backward kernels are not "
+                                  "differentiable); compute first derivatives only")
+
+    _register(f"{op}_backward", lambda ctx, inputs, output: None, no_second_derivative)
+
+
+for _op, _spec in PRIMITIVES.items():
+    _define_primitive(_op, _spec)
