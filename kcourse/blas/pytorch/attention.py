@@ -43,6 +43,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
     if not any(needs):
         return None, None, None
+    if math.isnan(scale) and not _no_scores(*cache[:2]):
+        return tuple(torch.full_like(t, math.nan) if n else None for t, n in zip(cache, needs))
     # This runs inside the custom op kcourse::attention_backward, below autograd (its dispatch keys
     # excluded): let autograd record the recomputed forward again, for SDPA's own backward.
     with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False), \
