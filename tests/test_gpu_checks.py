@@ -121,4 +121,4 @@ def test_long_training_follows_pytorch(name):
     want = train_losses("pytorch", steps)
     torch.testing.assert_close(got[:20], want[:20], rtol=2e-3, atol=0)  # as tests/test_training.py
     torch.testing.assert_close(got, want, rtol=2e-2, atol=0)
-    assert want[-20:].mean() < 0.8 * want[:5].mean()  # it learned something
+    assert want[-20:].mean() < want[:5].mean() - 0.5  # it trained (the data's entropy is about 4.2 nats)
