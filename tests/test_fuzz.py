@@ -1,0 +1,446 @@
+"""Property fuzzing of every op on every available backend (issue 30).
+
+Hypothesis draws the cases: sizes 0, 1, small primes and odd sizes; every dtype the backend takes;
+contiguous, transposed, strided (every other element) and sliced (an offset window of a larger
+tensor) views; scalars including 0 and negative ones; NaN and +-inf in the inputs of the ops whose
+answer on them is defined elementwise (level 1 BLAS, activations, softmax, cross_entropy's
+forward); in-place targets that are strided views of a larger buffer filled with a sentinel.
+Each case is checked
+
+  - against the python reference (``backend="python"``), forward and gradients, NaN where it has NaN;
+  - against torch in float64, rounded once to the dtype (for the python reference itself too);
+  - for an in-place op: the target holds the out-of-place result and nothing outside it changed;
+
+with the dtype's tolerance of ``_util.TOL``, its atol grown as sqrt(k) for sums of k terms (as
+every test file does). Gradients are checked for finite inputs only, first derivatives only.
+
+Budget: a few examples per (op, backend) in the normal suite (deterministic: ``derandomize``; the
+triton cases tiny, as they run through the interpreter on a CPU); set ``KCOURSE_FUZZ_EXAMPLES=n``
+for n random examples per (op, backend) and larger sizes (e.g. 1000 on a GPU).
+
+Not fuzzed here, as other changes are defining them: gemm with a batch of 0 (issue 30 item 3),
+NaN/Inf in the operands of gemv/geru/gemm (with alpha = 0 those operands are not read: item 2),
+and second derivatives (item 6).
+"""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kcourse import blas
+from _util import DEVICE, TOL, require_backend
+
+hypothesis = pytest.importorskip("hypothesis", reason="the fuzz suite needs hypothesis (pip install hypothesis)")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+LARGE = int(os.environ.get("KCOURSE_FUZZ_EXAMPLES", "0"))
+BACKENDS = ["python", "pytorch", "triton", "cute"]
+HALF = (torch.float16, torch.bfloat16)
+FLOAT = (torch.float32, *HALF)
+SCALARS = [0.0, 1.0, -1.0, 0.5, -2.5, 3.0]
+
+
+def budget(backend: str) -> int:
+    if LARGE:
+        return LARGE
+    return 2 if backend == "triton" and DEVICE == "cpu" else 5
+
+
+def fuzz(test):
+    """``test(name, data)`` run for each backend with that backend's example budget."""
+    def run(name):
+        require_backend(name)
+        settings_ = settings(max_examples=budget(name), deadline=None, derandomize=not LARGE, database=None,
+                             suppress_health_check=list(HealthCheck))
+        settings_(given(data=st.data())(lambda data: test(name, data)))()
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    return pytest.mark.filterwarnings("ignore::RuntimeWarning")(pytest.mark.parametrize("name", BACKENDS)(run))
+
+
+# ----------------------------------------------------------------------------- strategies
+
+def size(data, name, small=False):
+    """A dimension's size: 0, 1, primes, odd sizes; tiny for triton through the interpreter."""
+    if name == "triton" and DEVICE == "cpu" or small:
+        choices = [0, 1, 2, 3, 5, 7]
+    else:
+        choices = [0, 1, 2, 3, 5, 7, 13, 31] + ([64, 127, 257, 1031] if LARGE else [])
+    return data.draw(st.sampled_from(choices))
+
+
+def dtype(data, name):
+    return data.draw(st.sampled_from(FLOAT if name in ("triton", "cute") else (torch.float64, *FLOAT)))
+
+
+def scalar(data):
+    return data.draw(st.sampled_from(SCALARS))
+
+
+def tensor(data, shape, dt, scale=1.0, nonfinite=False, layout=None):
+    """N(0, scale^2) values of ``shape`` in a drawn layout; with ``nonfinite`` a few NaN / +-inf."""
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    layout = layout or data.draw(st.sampled_from(["contiguous", "strided", "sliced"]
+                                                 + (["transposed"] if len(shape) >= 2 else [])))
+    shape = tuple(shape)
+    if layout == "transposed":
+        base = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, dtype=torch.float64).mT
+    elif layout == "strided":
+        base = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=torch.float64)[..., ::2]
+    elif layout == "sliced":
+        big = torch.randn(*(s + 2 for s in shape), generator=gen, dtype=torch.float64)
+        base = big[tuple(slice(1, 1 + s) for s in shape)]
+    else:
+        base = torch.randn(shape, generator=gen, dtype=torch.float64)
+    t = (scale * base).to(dt)
+    if nonfinite and t.numel() and data.draw(st.booleans()):  # a few NaN / +-inf, written through the view
+        flat = torch.randint(0, t.numel(), (min(3, t.numel()),), generator=gen)
+        values = torch.tensor([math.nan, math.inf, -math.inf], dtype=dt)
+        t[torch.unravel_index(flat, t.shape)] = values[torch.randint(0, 3, (len(flat),), generator=gen)]
+    return t.to(DEVICE)
+
+
+def close(actual, expected, k=1):
+    """``actual`` matches ``expected`` within the dtype's tolerance (atol grown as sqrt(k)), NaN where it is NaN."""
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    rtol, atol = TOL[actual.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)), equal_nan=True)
+
+
+def finite(*tensors) -> bool:
+    return all(t is None or not t.is_floating_point() or bool(t.isfinite().all()) for t in tensors)
+
+
+def forward_backward(f, inputs, dout_seed=0):
+    """``f(*inputs)`` and the gradients of its floating inputs for a fixed random seed of the backward."""
+    leaves = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+              for t in inputs]
+    out = f(*leaves)
+    wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    gen = torch.Generator().manual_seed(dout_seed)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.dtype).to(out.device)
+    grads = torch.autograd.grad(out, wanted, dout, allow_unused=True) if out.requires_grad else [None] * len(wanted)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wanted)]
+    return out.detach(), grads
+
+
+def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True):
+    """``op(*inputs, backend=name)`` against the python reference (other backends) and against
+    ``torch_op`` on the inputs in float64 rounded to the dtype, forward and (finite inputs) gradients."""
+    grads = grads and finite(*inputs)
+    ours = lambda *t: op(*t, backend=name)
+    if grads:
+        out, g = forward_backward(ours, inputs)
+    else:
+        out, g = ours(*inputs), []
+    up = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    if grads:
+        out64, g64 = forward_backward(torch_op, up)
+    else:
+        out64, g64 = torch_op(*up), []
+    dt = out.dtype
+    if name != "python":
+        if grads:
+            ref, g_ref = forward_backward(lambda *t: op(*t, backend="python"), inputs)
+        else:
+            ref, g_ref = op(*inputs, backend="python"), []
+        close(out, ref, k)
+        for a, e in zip(g, g_ref):
+            close(a, e, grad_k or k)
+    close(out, out64.to(dt), k)
+    for a, e in zip(g, g64):
+        close(a, e.to(a.dtype), grad_k or k)
+    return out
+
+
+def sentinel_target(data, shape, dt):
+    """``(view, buffer, outside)``: a target of ``shape``, every other element of the last dim of a
+    larger buffer filled with a sentinel elsewhere, and a mask of the elements outside the view."""
+    shape = tuple(shape)
+    buf = torch.full((*shape[:-1], 2 * shape[-1] + 1), 1234.0, dtype=dt, device=DEVICE)
+    view = buf[..., 1::2][..., :shape[-1]]
+    mask = torch.ones(buf.shape, dtype=torch.bool, device=DEVICE)
+    mask[..., 1::2][..., :shape[-1]] = False
+    view.copy_(tensor(data, shape, dt, layout="contiguous"))
+    return view, buf, mask
+
+
+def check_inplace(name, op_, inputs, target_index, expected, data, k=1):
+    """``op_`` writing the input at ``target_index`` through a strided view of a sentinel buffer:
+    the target then holds ``expected`` (the out-of-place result) and nothing else changed."""
+    target = inputs[target_index]
+    view, buf, mask = sentinel_target(data, target.shape, target.dtype)
+    view.copy_(target)
+    before = buf.clone()
+    args = list(inputs)
+    args[target_index] = view
+    with torch.no_grad():
+        op_(*args, backend=name)
+    close(view, expected, k)
+    assert torch.equal(buf[mask], before[mask]), "an in-place op wrote outside its target"
+
+
+# ----------------------------------------------------------------------------- level 1
+
+@fuzz
+def test_copy(name, data):
+    dt = dtype(data, name)
+    x = tensor(data, [size(data, name) for _ in range(data.draw(st.integers(1, 3)))], dt, nonfinite=True)
+    check(name, blas.copy, lambda t: t.clone(), [x])
+    if x.dim() and x.shape[-1]:
+        check_inplace(name, lambda x, y, backend: blas.copy_(x, y, backend=backend), [x, x.clone()], 1, x, data)
+
+
+@fuzz
+def test_swap(name, data):
+    dt = dtype(data, name)
+    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 2)))]
+    x, y = tensor(data, shape, dt, nonfinite=True), tensor(data, shape, dt, nonfinite=True)
+    xs, ys = blas.swap(x, y, backend=name)
+    close(xs, y), close(ys, x)
+    if shape[-1]:
+        vx, bx, mx = sentinel_target(data, shape, dt)
+        vy, by, my = sentinel_target(data, shape, dt)
+        vx.copy_(x), vy.copy_(y)
+        before = (bx.clone(), by.clone())
+        blas.swap_(vx, vy, backend=name)
+        close(vx, y), close(vy, x)
+        assert torch.equal(bx[mx], before[0][mx]) and torch.equal(by[my], before[1][my])
+
+
+@fuzz
+def test_scal(name, data):
+    dt, alpha = dtype(data, name), scalar(data)
+    x = tensor(data, [size(data, name) for _ in range(data.draw(st.integers(1, 3)))], dt, nonfinite=True)
+    out = check(name, lambda x, backend: blas.scal(x, alpha, backend=backend), lambda x: alpha * x, [x])
+    if x.dim() and x.shape[-1]:
+        check_inplace(name, lambda x, backend: blas.scal_(x, alpha, backend=backend), [x], 0, out, data)
+
+
+@fuzz
+def test_axpby(name, data):
+    dt, alpha, beta = dtype(data, name), scalar(data), scalar(data)
+    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 2)))]
+    x, y = tensor(data, shape, dt, nonfinite=True), tensor(data, shape, dt, nonfinite=True)
+    # beta == 0: y is not read (BLAS), so NaN there does not reach the result
+    out = check(name, lambda x, y, backend: blas.axpby(x, y, alpha, beta, backend=backend),
+                lambda x, y: alpha * x + (beta * y if beta else 0), [x, y])
+    if shape[-1]:
+        check_inplace(name, lambda x, y, backend: blas.axpby_(x, y, alpha, beta, backend=backend), [x, y], 1, out,
+                      data)
+
+
+@fuzz
+def test_dot(name, data):
+    dt, n = dtype(data, name), size(data, name)
+    x, y = tensor(data, [n], dt), tensor(data, [n], dt)
+    check(name, blas.dot, lambda x, y: (x * y).sum(), [x, y], k=n)
+
+
+# ----------------------------------------------------------------------------- level 2 and 3
+# Operands finite (NaN in A, B, x, y with alpha = 0 is being given the BLAS rule: issue 30 item 2).
+
+@fuzz
+def test_gemv(name, data):
+    dt, alpha, beta = dtype(data, name), scalar(data), scalar(data)
+    m, n = size(data, name), size(data, name)
+    A, x = tensor(data, [m, n], dt), tensor(data, [n], dt)
+    y = tensor(data, [m], dt) if data.draw(st.booleans()) else None
+    f = lambda A, x, y, backend: blas.gemv(A, x, y, alpha, beta, backend=backend)
+    ref = lambda A, x, y: alpha * (A * x).sum(-1) + (beta * y if y is not None and beta else 0)
+    out = check(name, f, ref, [A, x, y], k=n)
+    if y is not None and m:
+        check_inplace(name, lambda A, x, y, backend: blas.gemv_(A, x, y, alpha, beta, backend=backend), [A, x, y], 2,
+                      out, data, k=n)
+
+
+@fuzz
+def test_geru(name, data):
+    dt, alpha = dtype(data, name), scalar(data)
+    m, n = size(data, name), size(data, name)
+    A, x, y = tensor(data, [m, n], dt), tensor(data, [m], dt), tensor(data, [n], dt)
+    out = check(name, lambda A, x, y, backend: blas.geru(A, x, y, alpha, backend=backend),
+                lambda A, x, y: A + alpha * x[:, None] * y[None, :], [A, x, y], grad_k=max(m, n))
+    if n:
+        check_inplace(name, lambda A, x, y, backend: blas.geru_(A, x, y, alpha, backend=backend), [A, x, y], 0, out,
+                      data)
+
+
+@fuzz
+def test_gemm(name, data):
+    dt, alpha, beta = dtype(data, name), scalar(data), scalar(data)
+    m, k, n = size(data, name), size(data, name), size(data, name)
+    # batched: a batch of 1..3 (a batch of 0 is being fixed centrally: issue 30 item 3), either
+    # operand 2-D (shared by the batch)
+    batch = data.draw(st.sampled_from([(), (1,), (3,)]))
+    a_batch = batch if not batch or data.draw(st.booleans()) else ()
+    b_batch = batch if not batch or not a_batch or data.draw(st.booleans()) else ()
+    A, B = tensor(data, [*a_batch, m, k], dt), tensor(data, [*b_batch, k, n], dt)
+    out_shape = torch.broadcast_shapes(tuple(a_batch), tuple(b_batch)) + (m, n)
+    c_shape = data.draw(st.sampled_from([None, (n,), out_shape]))
+    C = None if c_shape is None else tensor(data, c_shape, dt)
+    f = lambda A, B, C, backend: blas.gemm(A, B, C, alpha, beta, backend=backend)
+    ref = lambda A, B, C: alpha * torch.matmul(A, B) + (beta * C if C is not None and beta else 0)
+    grad_k = max(k, m * (batch[0] if batch else 1), n * (batch[0] if batch else 1))
+    out = check(name, f, ref, [A, B, C], k=k, grad_k=grad_k)
+    if C is not None and tuple(C.shape) == tuple(out_shape) and n:
+        check_inplace(name, lambda A, B, C, backend: blas.gemm_(A, B, C, alpha, beta, backend=backend), [A, B, C], 2,
+                      out, data, k=k)
+
+
+# ----------------------------------------------------------------------------- transformer primitives
+
+@fuzz
+def test_softmax(name, data):
+    _rows(name, data, "softmax")
+
+
+@fuzz
+def test_log_softmax(name, data):
+    _rows(name, data, "log_softmax")
+
+
+def _rows(name, data, op):
+    dt = dtype(data, name)
+    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = tensor(data, shape, dt, scale=data.draw(st.sampled_from([1.0, 3.0])), nonfinite=True)
+    check(name, lambda x, backend: getattr(blas, op)(x, dim, backend=backend), lambda x: getattr(F, op)(x, dim), [x],
+          k=shape[dim])
+
+
+@fuzz
+def test_cross_entropy(name, data):
+    dt = dtype(data, name)
+    N, V = size(data, name), max(size(data, name), 1)
+    reduction = data.draw(st.sampled_from(["mean", "sum", "none"]))
+    ignore_index = data.draw(st.sampled_from([-100, -1, 0]))
+    logits = tensor(data, [N, V], dt, scale=3.0, nonfinite=True)
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    target = torch.randint(0, V, (N,), generator=gen)
+    target[torch.rand(N, generator=gen) < 0.3] = ignore_index
+    target = target.to(data.draw(st.sampled_from([torch.int64, torch.int32]))).to(DEVICE)
+    f = lambda x, backend: blas.cross_entropy(x, target, ignore_index, reduction, backend=backend)
+    if finite(logits):
+        ref = lambda x: F.cross_entropy(x, target.long(), ignore_index=ignore_index, reduction=reduction)
+    else:  # the rule for non-finite logits: logsumexp(x) - x[target] (F.cross_entropy gives NaN for a +inf)
+        ref = lambda x: _cross_entropy_by_formula(x, target.long(), ignore_index, reduction)
+    check(name, f, ref, [logits], k=N if reduction == "sum" else 1)
+
+
+def _cross_entropy_by_formula(x, target, ignore_index, reduction):
+    valid = target != ignore_index
+    picked = x.gather(1, torch.where(valid, target, 0)[:, None])[:, 0]
+    loss = torch.where(valid, torch.logsumexp(x, 1) - picked, 0)
+    if reduction == "none":
+        return loss
+    return loss.sum() / valid.sum() if reduction == "mean" else loss.sum()
+
+
+@fuzz
+def test_layer_norm(name, data):
+    _norm(name, data, "layer_norm")
+
+
+@fuzz
+def test_rms_norm(name, data):
+    _norm(name, data, "rms_norm")
+
+
+def _norm(name, data, op):
+    dt = dtype(data, name)
+    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    D = shape[-1]
+    eps = data.draw(st.sampled_from([1e-5, 1e-6, 0.1]))
+    x = tensor(data, shape, dt, scale=data.draw(st.sampled_from([1.0, 10.0])))
+    weight = tensor(data, [D], dt) if data.draw(st.booleans()) else None
+    rows = x.numel() // max(D, 1)
+    if op == "layer_norm":
+        bias = tensor(data, [D], dt) if data.draw(st.booleans()) else None
+        f = lambda x, w, b, backend: blas.layer_norm(x, w, b, eps, backend=backend)
+        ref = lambda x, w, b: F.layer_norm(x, (D,), w, b, eps)
+        check(name, f, ref, [x, weight, bias], k=1, grad_k=max(rows, D))
+    else:
+        f = lambda x, w, backend: blas.rms_norm(x, w, eps, backend=backend)
+        ref = lambda x, w: F.rms_norm(x, (D,), w, eps)
+        check(name, f, ref, [x, weight], k=1, grad_k=max(rows, D))
+
+
+@fuzz
+def test_activations(name, data):
+    dt = dtype(data, name)
+    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    x = tensor(data, shape, dt, scale=3.0, nonfinite=True)
+    which = data.draw(st.sampled_from(["gelu", "gelu_tanh", "silu", "relu", "swiglu"]))
+    if which == "swiglu":
+        up = tensor(data, shape, dt, nonfinite=True)
+        check(name, blas.swiglu, lambda g, u: F.silu(g) * u, [x, up])
+    elif which == "gelu_tanh":
+        check(name, lambda x, backend: blas.gelu(x, "tanh", backend=backend), lambda x: F.gelu(x, approximate="tanh"),
+              [x])
+    else:
+        check(name, getattr(blas, which), getattr(F, which), [x])
+
+
+@fuzz
+def test_embedding(name, data):
+    dt = dtype(data, name)
+    V, D = max(size(data, name), 1), size(data, name)
+    shape = [size(data, name, small=True) for _ in range(data.draw(st.integers(1, 2)))]
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    idx = torch.randint(0, V, shape, generator=gen).to(data.draw(st.sampled_from([torch.int64, torch.int32])))
+    idx = idx.to(DEVICE)
+    weight = tensor(data, [V, D], dt)
+    repeats = int(torch.bincount(idx.flatten().long().cpu()).max()) if idx.numel() else 1
+    check(name, lambda w, backend: blas.embedding(idx, w, backend=backend), lambda w: F.embedding(idx.long(), w),
+          [weight], grad_k=repeats)
+
+
+@fuzz
+def test_rope(name, data):
+    dt = dtype(data, name)
+    T, half = size(data, name), size(data, name, small=True)
+    lead = [size(data, name, small=True) for _ in range(data.draw(st.integers(0, 2)))]
+    x = tensor(data, [*lead, T, 2 * half], dt)
+    base = data.draw(st.sampled_from([10000.0, 500.0]))
+    positions = None
+    if data.draw(st.booleans()):
+        gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+        positions = torch.randint(0, 4096, (T,), generator=gen).to(DEVICE)
+    check(name, lambda x, backend: blas.rope(x, base, positions, backend=backend),
+          lambda x: _rope64(x, base, positions), [x], k=1, grad_k=2)
+
+
+def _rope64(x, base, positions):
+    T, D = x.shape[-2:]
+    pos = torch.arange(T, device=x.device) if positions is None else positions
+    inv_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64, device=x.device) * 2 / D)
+    angle = pos.double()[:, None] * inv_freq  # (T, D/2)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], dim=-1)
+
+
+@fuzz
+def test_attention(name, data):
+    dt = dtype(data, name)
+    B, Hkv = max(size(data, name, small=True), 1), max(size(data, name, small=True), 1)
+    H = Hkv * data.draw(st.sampled_from([1, 2]))
+    Tq, Tk = size(data, name, small=not LARGE), size(data, name, small=not LARGE)  # the python reference is slow
+    D = max(size(data, name, small=True), 1) * data.draw(st.sampled_from([1, 8]))
+    causal = data.draw(st.booleans())
+    scale = data.draw(st.sampled_from([None, 0.0, -0.3, 0.125]))
+    layout = data.draw(st.sampled_from(["contiguous", "sliced", "strided"]))
+    q = tensor(data, [B, H, Tq, D], dt, layout=layout)
+    k, v = tensor(data, [B, Hkv, Tk, D], dt, layout=layout), tensor(data, [B, Hkv, Tk, D], dt, layout=layout)
+    s = D ** -0.5 if scale is None else scale
+
+    def sdpa(q, k, v):  # the causal mask as a boolean mask: SDPA's is_causal gives NaN at scale 0 (0 * -inf)
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril() if causal else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s, enable_gqa=True)
+
+    check(name, lambda q, k, v, backend: blas.attention(q, k, v, causal, scale, backend=backend), sdpa, [q, k, v],
+          k=max(Tk, 1), grad_k=16 * max(Tq, Tk, 1))
