@@ -1,8 +1,8 @@
 """kcourse.blas: the public functional API.
 
 Every op resolves its backend (``kcourse.backend.backend_for``), validates its arguments
-(``_check``, before anything is written) and calls the custom op ``torch.ops.kcourse.<op>``
-(``_library``), passing the backend by name. The kernel has one calling convention on every
+(``_check``, before anything is written) and runs the custom op ``torch.ops.kcourse.<op>``
+(``_library.call``: eagerly without the dispatcher's overhead), passing the backend by name. The kernel has one calling convention on every
 backend: inputs first, then scalars, then ``out``, the tensor it writes. An out-of-place op writes
 a fresh ``out`` and is differentiable; the in-place variant ``op_`` writes its target (``out`` is
 then one of the inputs, element for element, which every kernel supports) and returns it.
@@ -16,7 +16,7 @@ import torch
 
 from ..backend import backend_for
 from . import _check
-from ._library import ops
+from ._library import call
 
 __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_", "dot",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
@@ -37,7 +37,7 @@ def copy(x, backend=None):
     """``y = x``: a new tensor with the values of ``x``."""
     name = backend_for("copy", backend)
     _check.check_copy(name, x)
-    return ops.copy(x, name)
+    return call("copy", x, name)
 
 
 def copy_(x, y, backend=None):
@@ -45,7 +45,7 @@ def copy_(x, y, backend=None):
     name = backend_for("copy", backend)
     _check.check_copy(name, x, y, inplace=True)
     _inplace("copy_", x, y)
-    ops.copy_(x, y, name)
+    call("copy_", x, y, name)
     return y
 
 
@@ -53,7 +53,7 @@ def swap(x, y, backend=None):
     """``(x', y') = (y, x)``: new tensors holding the values of ``y`` and of ``x``."""
     name = backend_for("swap", backend)
     _check.check_swap(name, x, y)
-    return ops.swap(x, y, name)
+    return call("swap", x, y, name)
 
 
 def swap_(x, y, backend=None):
@@ -61,7 +61,7 @@ def swap_(x, y, backend=None):
     name = backend_for("swap", backend)
     _check.check_swap(name, x, y, inplace=True)
     _inplace("swap_", x, y)
-    ops.swap_(x, y, name)
+    call("swap_", x, y, name)
     return x, y
 
 
@@ -69,7 +69,7 @@ def scal(x, alpha, backend=None):
     """``alpha * x``."""
     name = backend_for("scal", backend)
     _check.check_scal(name, x, alpha)
-    return ops.scal(x, float(alpha), name)
+    return call("scal", x, float(alpha), name)
 
 
 def scal_(x, alpha, backend=None):
@@ -77,7 +77,7 @@ def scal_(x, alpha, backend=None):
     name = backend_for("scal", backend)
     _check.check_scal(name, x, alpha, inplace=True)
     _inplace("scal_", x)
-    ops.scal_(x, float(alpha), name)
+    call("scal_", x, float(alpha), name)
     return x
 
 
@@ -85,7 +85,7 @@ def axpby(x, y, alpha=1.0, beta=1.0, backend=None):
     """``alpha * x + beta * y`` (``y`` is not read when ``beta == 0``)."""
     name = backend_for("axpby", backend)
     _check.check_axpby(name, x, y, alpha, beta)
-    return ops.axpby(x, y, float(alpha), float(beta), name)
+    return call("axpby", x, y, float(alpha), float(beta), name)
 
 
 def axpby_(x, y, alpha=1.0, beta=1.0, backend=None):
@@ -93,7 +93,7 @@ def axpby_(x, y, alpha=1.0, beta=1.0, backend=None):
     name = backend_for("axpby", backend)
     _check.check_axpby(name, x, y, alpha, beta, inplace=True)
     _inplace("axpby_", x, y)
-    ops.axpby_(x, y, float(alpha), float(beta), name)
+    call("axpby_", x, y, float(alpha), float(beta), name)
     return y
 
 
@@ -101,7 +101,7 @@ def dot(x, y, backend=None):
     """``x^T y`` as a 0-d tensor of the inputs' dtype, accumulated in float32 (float64 for float64)."""
     name = backend_for("dot", backend)
     _check.check_dot(name, x, y)
-    return ops.dot(x, y, name)
+    return call("dot", x, y, name)
 
 
 # ----------------------------------------------------------------------------- level 2
@@ -110,7 +110,7 @@ def gemv(A, x, y=None, alpha=1.0, beta=0.0, backend=None):
     """``alpha * A x + beta * y`` for ``A (m, n)``, ``x (n,)``, ``y (m,)`` (not read when ``beta == 0``)."""
     name = backend_for("gemv", backend)
     _check.check_gemv(name, A, x, y, alpha, beta)
-    return ops.gemv(A, x, y, float(alpha), float(beta), name)
+    return call("gemv", A, x, y, float(alpha), float(beta), name)
 
 
 def gemv_(A, x, y, alpha=1.0, beta=0.0, backend=None):
@@ -118,7 +118,7 @@ def gemv_(A, x, y, alpha=1.0, beta=0.0, backend=None):
     name = backend_for("gemv", backend)
     _check.check_gemv(name, A, x, y, alpha, beta, inplace=True)
     _inplace("gemv_", A, x, y)
-    ops.gemv_(A, x, y, float(alpha), float(beta), name)
+    call("gemv_", A, x, y, float(alpha), float(beta), name)
     return y
 
 
@@ -126,7 +126,7 @@ def geru(A, x, y, alpha=1.0, backend=None):
     """``A + alpha * x y^T`` for ``A (m, n)``, ``x (m,)``, ``y (n,)``."""
     name = backend_for("geru", backend)
     _check.check_geru(name, A, x, y, alpha)
-    return ops.geru(A, x, y, float(alpha), name)
+    return call("geru", A, x, y, float(alpha), name)
 
 
 def geru_(A, x, y, alpha=1.0, backend=None):
@@ -134,7 +134,7 @@ def geru_(A, x, y, alpha=1.0, backend=None):
     name = backend_for("geru", backend)
     _check.check_geru(name, A, x, y, alpha, inplace=True)
     _inplace("geru_", A, x, y)
-    ops.geru_(A, x, y, float(alpha), name)
+    call("geru_", A, x, y, float(alpha), name)
     return A
 
 
@@ -150,7 +150,7 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, backend=None):
     """
     name = backend_for("gemm", backend)
     _check.check_gemm(name, A, B, C, alpha, beta)
-    return ops.gemm(A, B, C, float(alpha), float(beta), name)
+    return call("gemm", A, B, C, float(alpha), float(beta), name)
 
 
 def gemm_(A, B, C, alpha=1.0, beta=0.0, backend=None):
@@ -158,7 +158,7 @@ def gemm_(A, B, C, alpha=1.0, beta=0.0, backend=None):
     name = backend_for("gemm", backend)
     _check.check_gemm(name, A, B, C, alpha, beta, inplace=True)
     _inplace("gemm_", A, B, C)
-    ops.gemm_(A, B, C, float(alpha), float(beta), name)
+    call("gemm_", A, B, C, float(alpha), float(beta), name)
     return C
 
 
@@ -168,13 +168,13 @@ def gemm_(A, B, C, alpha=1.0, beta=0.0, backend=None):
 def softmax(x, dim=-1, backend=None):
     """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` along ``dim``."""
     name = backend_for("softmax", backend)
-    return ops.softmax(x, _check.check_softmax(name, x, dim)["dim"], name)[0]
+    return call("softmax", x, _check.check_softmax(name, x, dim)["dim"], name)[0]
 
 
 def log_softmax(x, dim=-1, backend=None):
     """``y_i = x_i - max x - log sum_j exp(x_j - max x)`` along ``dim``."""
     name = backend_for("log_softmax", backend)
-    return ops.log_softmax(x, _check.check_softmax(name, x, dim, op="log_softmax")["dim"], name)[0]
+    return call("log_softmax", x, _check.check_softmax(name, x, dim, op="log_softmax")["dim"], name)[0]
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=None):
@@ -185,48 +185,48 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=N
     """
     name = backend_for("cross_entropy", backend)
     p = _check.check_cross_entropy(name, logits, target, ignore_index, reduction)
-    return ops.cross_entropy(logits, target, p["ignore_index"], p["reduction"], name)[0]
+    return call("cross_entropy", logits, target, p["ignore_index"], p["reduction"], name)[0]
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, backend=None):
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension (biased variance)."""
     name = backend_for("layer_norm", backend)
     p = _check.check_layer_norm(name, x, weight, bias, eps)
-    return ops.layer_norm(x, weight, bias, p["eps"], name)[0]
+    return call("layer_norm", x, weight, bias, p["eps"], name)[0]
 
 
 def rms_norm(x, weight=None, eps=1e-6, backend=None):
     """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
     name = backend_for("rms_norm", backend)
-    return ops.rms_norm(x, weight, _check.check_rms_norm(name, x, weight, eps)["eps"], name)[0]
+    return call("rms_norm", x, weight, _check.check_rms_norm(name, x, weight, eps)["eps"], name)[0]
 
 
 def gelu(x, approximate="none", backend=None):
     """``x * Phi(x)`` (``approximate="tanh"``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
     name = backend_for("gelu", backend)
     p = _check.check_activation(name, "gelu", x, approximate=approximate)
-    return ops.gelu(x, p["approximate"], name)[0]
+    return call("gelu", x, p["approximate"], name)[0]
 
 
 def silu(x, backend=None):
     """``x * sigmoid(x)``."""
     name = backend_for("silu", backend)
     _check.check_activation(name, "silu", x)
-    return ops.silu(x, name)[0]
+    return call("silu", x, name)[0]
 
 
 def relu(x, backend=None):
     """``max(x, 0)``."""
     name = backend_for("relu", backend)
     _check.check_activation(name, "relu", x)
-    return ops.relu(x, name)[0]
+    return call("relu", x, name)[0]
 
 
 def swiglu(gate, up, backend=None):
     """``silu(gate) * up``."""
     name = backend_for("swiglu", backend)
     _check.check_swiglu(name, gate, up)
-    return ops.swiglu(gate, up, name)[0]
+    return call("swiglu", gate, up, name)[0]
 
 
 def embedding(indices, weight, backend=None):
@@ -234,7 +234,7 @@ def embedding(indices, weight, backend=None):
     adds the gradients of repeated indices."""
     name = backend_for("embedding", backend)
     _check.check_embedding(name, indices, weight)
-    return ops.embedding(indices, weight, name)[0]
+    return call("embedding", indices, weight, name)[0]
 
 
 def rope(x, base=10000.0, positions=None, backend=None):
@@ -243,7 +243,7 @@ def rope(x, base=10000.0, positions=None, backend=None):
     ``y = [x1 cos - x2 sin, x2 cos + x1 sin]``."""
     name = backend_for("rope", backend)
     p = _check.check_rope(name, x, base, positions)
-    return ops.rope(x, positions, p["base"], name)[0]
+    return call("rope", x, positions, p["base"], name)[0]
 
 
 def attention(q, k, v, causal=False, scale=None, backend=None):
@@ -255,4 +255,4 @@ def attention(q, k, v, causal=False, scale=None, backend=None):
     """
     name = backend_for("attention", backend)
     p = _check.check_attention(name, q, k, v, causal, scale)
-    return ops.attention(q, k, v, p["causal"], p["scale"], name)[0]
+    return call("attention", q, k, v, p["causal"], p["scale"], name)[0]

@@ -5,8 +5,8 @@ h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij 
 
     dV = P^T dO     dP = dO v^T     dS = P * (dP - delta)     dQ = scale dS k     dK = scale dS^T q
 
-``attention_backward`` does not spell that out: it recomputes the forward under
-``torch.enable_grad()`` and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
+``attention_backward`` does not spell that out: it recomputes the forward with autograd on
+and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
 q, k, v, so the forward pays nothing for it; the backward pays a second forward).
 
 ``scale`` NaN: every score is NaN, so by the formula every output and every gradient is NaN (the
@@ -44,12 +44,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):
-    inputs = [t.detach().requires_grad_(n) for t, n in zip(cache, needs)]
-    wanted = [t for t in inputs if t.requires_grad]
-    if not wanted:
+    if not any(needs):
         return None, None, None
     if math.isnan(scale) and not _no_scores(*cache[:2]):
         return tuple(torch.full_like(t, math.nan) if n else None for t, n in zip(cache, needs))
-    with torch.enable_grad():
+    # This runs inside the custom op kcourse::attention_backward, below autograd (its dispatch keys
+    # excluded): let autograd record the recomputed forward again, for SDPA's own backward.
+    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False), \
+            torch.enable_grad():
+        inputs = [t.detach().requires_grad_(n) for t, n in zip(cache, needs)]
+        wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, dout))
     return tuple(next(grads) if n else None for n in needs)
