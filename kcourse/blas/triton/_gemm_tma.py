@@ -57,7 +57,7 @@ from triton.runtime.errors import OutOfResources
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import INTERPRET, is_hopper, sm_count
+from ._launch import INTERPRET, autotune, is_hopper, sm_count
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -248,7 +248,7 @@ def _restore_out(nargs, exception):
 
 def autotuned(configs):
     """``gemm_tma_kernel`` autotuned over ``configs``."""
-    return triton.autotune(configs=configs, key=["M", "N", "K", "Z", "k_split", "A_KMAJOR", "B_KMAJOR", "SPLIT"],
+    return autotune(configs=configs, key=["M", "N", "K", "Z", "k_split", "A_KMAJOR", "B_KMAJOR", "SPLIT"],
                            prune_configs_by={"early_config_prune": tiles_that_fit},
                            pre_hook=_keep_out, post_hook=_restore_out, do_bench=_time_or_skip)(gemm_tma_kernel)
 

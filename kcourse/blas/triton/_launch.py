@@ -10,6 +10,7 @@ as constants, so the kernel becomes a plain, vectorized 1-D sweep.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import triton
@@ -91,6 +92,17 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
     strides = [next(present_strides) if t is not None else None for t in tensors]
     kernel[(triton.cdiv(numel, BLOCK),)](*tensors, numel, shape, *strides, *scalars,
                                          BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def autotune(**kwargs):
+    """``triton.autotune`` whose picks persist on disk (``cache_results``): a second process, or a
+    second torchrun rank, reads the pick instead of timing every config again. The picks live in
+    Triton's own cache directory beside its compiled kernels (``~/.triton/cache``, or
+    ``TRITON_CACHE_DIR``), keyed by the kernel's source, the configs, the key arguments and the
+    GPU; entries are written atomically, so processes filling it at once do not clash."""
+    if "cache_results" in inspect.signature(triton.autotune).parameters:
+        kwargs.setdefault("cache_results", True)
+    return triton.autotune(**kwargs)
 
 
 _PICKED: dict = {}  # (autotuned kernel, caller's key) -> (config its autotuner picked, the config's arguments)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_plan
-from ._launch import INTERPRET
+from ._launch import INTERPRET, autotune
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4)]
@@ -45,7 +45,7 @@ else:  # tuned for H100; configs that do not fit in shared memory are skipped by
                                         (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
-@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
+@autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
                  prune_configs_by={"early_config_prune": tiles_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
