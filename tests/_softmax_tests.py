@@ -100,17 +100,18 @@ CLUSTER_CASES = [((3, 50000), -1, "contiguous", None), ((2, 20001), -1, "contigu
 def test_cluster_rows(op, backend, dtype, shape, dim, layout, cluster, monkeypatch):
     if backend != "cute":
         pytest.skip("the cute backend's plan")
+    from kcourse.blas import tuning
     from kcourse.blas.cute import _rows
     from _cute import compiled_kernels
 
     if not _rows.clusters_supported():
         pytest.skip("thread block clusters need sm_90+")
 
-    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", cluster)
     seen = compiled_kernels(monkeypatch)
     x, dy = randn(*shape, dtype=dtype, layout=layout).mul_(3), randn(*shape, dtype=dtype, layout=layout)
     x.select(dim, 5).fill_(20.0)  # a large logit in the first CTA's share: the shares' maxima differ
-    check(op, backend, x, dim, dy)
+    with tuning.override(op, cluster=cluster):
+        check(op, backend, x, dim, dy)
     # the forward's plan (autograd may hand the backward a contiguous dy, whose rows need no split)
     clusters = {p.cluster for name, key in seen for p in key if isinstance(p, _rows.Plan) and name == "_softmax_factory"}
     assert clusters == {cluster} if cluster else len(clusters) == 1 and min(clusters) > 1

@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 import kcourse
 from kcourse import blas
+from kcourse.blas import tuning
 from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_backend, require_dtype
 
 # (B, H, Hkv, Tq, Tk, D): tiny, as the interpreter is slow, yet several tiles per row (the
@@ -400,12 +401,13 @@ def test_cute_hopper_work_units(case):
     def forward(**variant):
         out = torch.empty(B, H, Tq, D, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
-        fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
+        fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, tuning.launch("attention", **variant))
         return out, lse
 
-    def backward(out, lse, **variant):
+    def backward(out, lse, **variant):  # the backward's fields, named without their "backward_"
         grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
-        bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, *grads, causal, scale, **variant)
+        launch = tuning.launch("attention", **{f"backward_{name}": value for name, value in variant.items()})
+        bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, *grads, causal, scale, launch)
         return grads
 
     one = dict(persistent=False, paired=False, scheduled=False)
@@ -446,7 +448,7 @@ def test_cute_hopper_scheduled_forward_under_capture():
     variant = dict(persistent=True, overlap=True, q_stages=2, tma_store=True)  # (the config at these sizes)
 
     def forward(out, lse, **extra):
-        fwd90.attention_fwd_sm90(q, k, v, out, lse, True, D ** -0.5, **variant, **extra)
+        fwd90.attention_fwd_sm90(q, k, v, out, lse, True, D ** -0.5, tuning.launch("attention", **variant, **extra))
 
     out, lse = torch.empty_like(q), torch.empty(B, H, T, device=q.device)
     forward(out, lse, paired=False, scheduled=True)  # compiles the scheduled kernel, makes its table

@@ -248,6 +248,7 @@ CLUSTER_CASES = [(3, 50000, "contiguous", None), (2, 20001, "contiguous", None),
 def test_cluster_rows(backend, dtype, case, reduction, monkeypatch):
     if backend != "cute":
         pytest.skip("the cute backend's plan")
+    from kcourse.blas import tuning
     from kcourse.blas.cute import _rows
     from _cute import compiled_kernels
 
@@ -255,12 +256,12 @@ def test_cluster_rows(backend, dtype, case, reduction, monkeypatch):
         pytest.skip("thread block clusters need sm_90+")
 
     N, V, layout, cluster = case
-    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", cluster)
     seen = compiled_kernels(monkeypatch)
     logits, target = randn(N, V, dtype=dtype, layout=layout).mul_(3), targets(N, V)
     logits[:, 5] = 20.0  # a large logit in the first CTA's share: the shares' maxima differ
     target[0] = V - 1  # a target in the last CTA's share
-    loss, dx, dout = run(backend, logits, target, reduction=reduction)
+    with tuning.override("cross_entropy", cluster=cluster):
+        loss, dx, dout = run(backend, logits, target, reduction=reduction)
     loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)
     assert_close(loss, loss_ref, k=N if reduction == "sum" else 1)
     assert_close(dx, dx_ref)

@@ -3,7 +3,7 @@ does for the BLAS kernels: each case calls the cute ``attention`` and ``attentio
 tensors inside ``_compile.compiling_only()``, so they pick their kernel variants exactly as on a GPU
 (math mode from the dtype, padded head dim, causal, vector width from strides and alignment) and
 compile them; nothing is launched. Whether the kernels compute the right thing is
-tests/test_attention.py's job, on a GPU (and scripts/gpu_checks/attention.py's).
+tests/test_attention.py's job, on a GPU.
 
 One check reads generated code: ``test_tf32_operand_a_registers`` follows, in the PTX of a one-warp
 kernel, which accumulator registers reach the A operand of the TF32 MMAs of P V (the float32 path's
@@ -21,6 +21,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32  # noqa: E402
 from cutlass.cute.runtime import make_ptr  # noqa: E402
 
+from kcourse.blas import tuning  # noqa: E402
 from kcourse.blas.cute import _attention_bwd_sm90, _attention_fwd, _attention_fwd_sm90, _compile  # noqa: E402
 from kcourse.blas.cute import attention as cute_attention  # noqa: E402
 from kcourse.blas.cute.attention import attention, attention_backward  # noqa: E402
@@ -157,10 +158,10 @@ def test_hopper_forward_variants_compile(causal, persistent, paired, pingpong, o
     q = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
     with _compile.compiling_only():
-        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=persistent,
-                                               paired=paired, scheduled=False, pingpong=pingpong, overlap=overlap,
-                                               q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages,
-                                               tma_store=tma_store)
+        launch = tuning.launch("attention", persistent=persistent, paired=paired, scheduled=False, pingpong=pingpong,
+                               overlap=overlap, q_stages=2 if overlap else 1, k_stages=k_stages, v_stages=v_stages,
+                               tma_store=tma_store)
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, launch)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -170,11 +171,12 @@ def test_hopper_forward_scheduled_variants_compile(causal, overlap, tma_store):
     q = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 2, 300)
     with _compile.compiling_only():
-        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, persistent=True, paired=False,
-                                               scheduled=True, overlap=overlap, q_stages=2 if overlap else 1,
-                                               tma_store=tma_store)
+        launch = tuning.launch("attention", persistent=True, paired=False, scheduled=True, overlap=overlap,
+                               q_stages=2 if overlap else 1, tma_store=tma_store)
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, launch)
         with pytest.raises(ValueError, match="scheduled walk is of single tiles on a persistent grid"):
-            _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1, paired=True, scheduled=True)
+            _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, causal, 0.1,
+                                                   tuning.launch("attention", paired=True, scheduled=True))
 
 
 def tile_costs(m_tiles, heads, Tk, causal):
@@ -250,8 +252,8 @@ def test_hopper_forward_variant_too_large():
     out, lse = torch.empty_like(q), torch.empty(1, 2, 100)
     with _compile.compiling_only(), pytest.raises(ValueError, match=r"q_stages=2, k_stages=2, v_stages=3, "
                                                                       r"tma_store=True needs 263168 bytes"):
-        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, True, 0.1, overlap=True, q_stages=2,
-                                               v_stages=3, tma_store=True)
+        _attention_fwd_sm90.attention_fwd_sm90(q, q, q, out, lse, True, 0.1, tuning.launch(
+            "attention", overlap=True, q_stages=2, v_stages=3, tma_store=True))
 
 
 @pytest.mark.parametrize("D", [128, 64])
@@ -264,9 +266,10 @@ def test_hopper_backward_variants_compile(causal, persistent, paired, tma_store,
     q = torch.zeros(1, 2, 300, D, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 300)
     with _compile.compiling_only():
+        launch = tuning.launch("attention", backward_persistent=persistent, backward_paired=paired,
+                               backward_tma_store=tma_store)
         _attention_bwd_sm90.attention_bwd_sm90(q, q, q, q, q, lse, torch.empty_like(q), torch.empty_like(q),
-                                               torch.empty_like(q), causal, 0.1, persistent=persistent,
-                                               paired=paired, tma_store=tma_store)
+                                               torch.empty_like(q), causal, 0.1, launch)
 
 
 def test_hopper_forward_config():

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
+from kcourse.blas import tuning  # noqa: E402
 from kcourse.blas.cute import _compile, _rows  # noqa: E402
 from _cute import compiled_kernels, t  # noqa: E402
 
@@ -91,10 +92,9 @@ def test_forward_rows_spread_over_512_threads(monkeypatch, op):
 def test_softmax_long_rows_compile(monkeypatch, op, dtype):
     # rows longer than MAX_ONE_PASS: the two-sweep kernels (online logsumexp, then the output), a
     # CTA per row (test_cluster_rows_compile: a few long rows over a cluster of CTAs)
-    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", 1)
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions(op)
-    with _compile.compiling_only():
+    with tuning.override(op, cluster=1), _compile.compiling_only():
         for x, dim in ((t(2, 20000, dtype=dtype), -1), (t(2, 20001, dtype=dtype), -1), (t(300, 5, dtype=dtype), 0)):
             y, cache = forward(x, dim)
             backward(t(*x.shape, dtype=dtype), cache, (True,), dim)
@@ -152,10 +152,9 @@ def test_cross_entropy_kernels_compile(monkeypatch, dtype, layout):
 def test_cross_entropy_huge_vocabulary_compiles(monkeypatch):
     # V = 256000: the row is never materialized; chunks of 64 elements per thread, 128-bit loads;
     # a CTA per row (test_cluster_rows_compile: a cluster of CTAs per row)
-    monkeypatch.setattr(_rows, "CLUSTER_OVERRIDE", 1)
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions("cross_entropy")
-    with _compile.compiling_only():
+    with tuning.override("cross_entropy", cluster=1), _compile.compiling_only():
         logits, target = t(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)
         loss, cache = forward(logits, target, ignore_index=-100, reduction="mean")
         backward(torch.zeros((), dtype=torch.bfloat16), cache, (True, False), ignore_index=-100, reduction="mean")

@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 from benchmarks.timing import bench_ms
 
+from kcourse.blas import tuning
 from kcourse.blas.cute import _attention_bwd_sm90 as bwd90
 from kcourse.blas.cute import _attention_fwd_sm90 as fwd90
 
@@ -138,13 +139,17 @@ def forward(q, k, v, causal, scale, variant):
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     if "paired" in variant and "scheduled" not in variant:  # a named walk of pairs or tiles, not the config's table
         variant = {"scheduled": False, **variant}
-    fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, **variant)
+    fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, tuning.launch("attention", **variant))
     return out, lse
 
 
 def backward(q, k, v, out, dout, lse, causal, scale, variant):
+    """The backward with the variant's ``persistent``, ``paired`` and ``tma_store`` (the table's
+    ``backward_`` fields; a forward variant's other fields do not concern it)."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
-    bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, **variant)
+    launch = tuning.launch("attention", **{f"backward_{name}": value for name, value in variant.items()
+                                           if name in ("persistent", "paired", "tma_store")})
+    bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, launch)
     return dq, dk, dv
 
 

@@ -11,17 +11,19 @@ dweight, dbias), triton against cute, each result compared with torch in float32
 with and without an occupancy hint, CTA pairs for the partials.
 
 ``--norm-variants``: instead, the norm backward (``--ops``, op:dtype pairs; ``--dims``, row lengths,
-2^28 elements each) with each variant of ``_norm``'s launch (``NORM_VARIANTS``: threads per CTA, CTAs
-per SM, the next row staged in shared memory; "config" is ``backward_launch``'s choice) against
+2^28 elements each) with each variant of the backward's launch (``NORM_VARIANTS``, set through
+``kcourse.blas.tuning.override``: threads per CTA, CTAs per SM, the next row staged in shared
+memory; "config" is ``backward_launch``'s choice) against
 triton, in the same interleaved rounds, with each kernel's device time at D = 8192; every variant's
 gradients are compared with torch's and with two CTAs of 256 threads'. A named barrier per row slot
 at 512 threads measured slower (0.586 against 0.582 ms, layer_norm bf16).
 
 ``--row-variants``: the softmax forward and backward (bf16 and f32, ``--dims``) with the shipped
-plans ("config") and with 256-thread CTAs, against triton. Measured and not adopted: 512-thread CTAs for
+plans ("config") and with 256-thread CTAs (``tuning.override("softmax", ...)``), against triton.
+Measured and not adopted: 512-thread CTAs for
 the forward (float32 1-2% slower), a row across all 512 threads (16 elements a thread: 0.5262 ms backward bf16 against
-0.5261 for two rows of 256) and, through a plan hook since removed, the cross_entropy forward at 512
-threads (0.197 / 0.192 ms against 0.1907 with 256: not adopted).
+0.5261 for two rows of 256) and the cross_entropy forward at 512 threads (0.197 / 0.192 ms against
+0.1907 with 256).
 """
 import argparse
 import json
@@ -31,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from benchmarks.timing import bench_ms
 
-from kcourse.blas.cute import (_norm, _rows, cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms,
+from kcourse.blas import tuning
+from kcourse.blas.cute import (cross_entropy as cute_ce, layer_norm as cute_ln, rms_norm as cute_rms,
                                softmax as cute_sm)
 from kcourse.blas.triton import (cross_entropy as triton_ce, layer_norm as triton_ln, rms_norm as triton_rms,
                                  softmax as triton_sm)
@@ -101,19 +104,19 @@ def layer_norm_case():
             "kernels us": {name: kernel_times(fns[name]) for name in ("triton", "cute")}}
 
 
-NORM_VARIANTS = {  # name: _norm.LAUNCH_OVERRIDE (threads, CTAs per SM, prefetch); "config": backward_launch's
-    "config": None, "256x2": (256, 2, False), "512x1": (512, 1, False), "256x2 prefetch": (256, 2, True),
+# name: the norm table's backward fields (threads, CTAs per SM, prefetch); "config": the shipped choice
+NORM_VARIANTS = {
+    "config": (None, None, None), "256x2": (256, 2, False), "512x1": (512, 1, False), "256x2 prefetch": (256, 2, True),
     "512x1 prefetch": (512, 1, True)}
 
 
-def _with(variant, fn):
-    """``fn`` run with ``_norm``'s backward launch set to ``variant`` (then restored)."""
+def _with(op, variant, fn):
+    """``fn`` run with ``op``'s backward launch set to ``variant`` (``tuning.override``)."""
+    threads, per_sm, prefetch = NORM_VARIANTS[variant]
+
     def run():
-        saved, _norm.LAUNCH_OVERRIDE = _norm.LAUNCH_OVERRIDE, NORM_VARIANTS[variant]
-        try:
+        with tuning.override(op, backward_threads=threads, backward_ctas_per_sm=per_sm, backward_prefetch=prefetch):
             return fn()
-        finally:
-            _norm.LAUNCH_OVERRIDE = saved
     return run
 
 
@@ -141,7 +144,7 @@ def norm_variants_case(op, dtype, d, profile):
         ref = torch.autograd.grad(F.rms_norm(xr, (d,), wr, 1e-5), (xr, wr), dy.float())
     del xr, wr, br
     variants = [v for v in NORM_VARIANTS if dtype != torch.float32 or "prefetch" not in v]
-    fns.update({name: _with(name, cute_fn) for name in variants})
+    fns.update({name: _with(op, name, cute_fn) for name in variants})
     base = fns["256x2"]()
     errors = {}
     for name, fn in fns.items():
@@ -157,22 +160,15 @@ def norm_variants_case(op, dtype, d, profile):
     return row
 
 
-ROW_VARIANTS = {  # name: a plan override for the softmax kernels (None: the shipped plans)
-    "config": None, "256": lambda p: p._replace(threads=256)}
-ROW_FACTORIES = ("_softmax_factory", "_softmax_backward_factory")
+ROW_VARIANTS = {  # name: fields of the softmax table (``_rows.Launch``); "config": the shipped ones
+    "config": {}, "256": {"row_threads": 256, "backward_threads": 256}}
 
 
 def _rows_with(variant, fn):
-    """``fn`` run with the row kernels' plans overridden by ``variant`` (then restored)."""
+    """``fn`` run with the softmax table's fields set to ``variant`` (``tuning.override``)."""
     def run():
-        saved = dict(_rows.PLAN_OVERRIDE)
-        if ROW_VARIANTS[variant] is not None:
-            _rows.PLAN_OVERRIDE.update({name: ROW_VARIANTS[variant] for name in ROW_FACTORIES})
-        try:
+        with tuning.override("softmax", **ROW_VARIANTS[variant]):
             return fn()
-        finally:
-            _rows.PLAN_OVERRIDE.clear()
-            _rows.PLAN_OVERRIDE.update(saved)
     return run
 
 

@@ -29,6 +29,7 @@ from triton.testing import do_bench_cudagraph
 from benchmarks.timing import bench_ms
 
 from kcourse.backend import backward_kernel, resolve
+from kcourse.blas import tuning
 from kcourse.blas.cute import _rows, cross_entropy
 
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # a few rows: every op, the lengths below
@@ -120,9 +121,8 @@ def measure(op, m, n, dtype, bandwidth, sms, forced) -> dict:
 
     time_all(None, ["cute", "triton", "torch"])
     for c in forced:  # the cute kernels with the CTAs per row forced (1: a CTA per row)
-        _rows.CLUSTER_OVERRIDE = c
-        time_all(f"cute/{c}", ["cute"])
-    _rows.CLUSTER_OVERRIDE = None
+        with tuning.override(op, cluster=c):
+            time_all(f"cute/{c}", ["cute"])
     vec = 16 // sets[0][0].element_size()
     shares = ((_rows.MAX_ONE_PASS, _rows.MAX_ONE_PASS // 2) if op == "softmax"
               else (0, cross_entropy.BACKWARD_SHARE))  # as softmax_rows / cross_entropy's launchers

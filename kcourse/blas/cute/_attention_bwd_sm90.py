@@ -47,8 +47,8 @@ Warp roles of the main kernel (384 threads = 3 warpgroups)
 dQaccum is (B, H, Tq tiles, 2, 64 D / 2) float32: each tile in the consumers' register order, which
 ``_Postprocess`` undoes: a thread reads the four vectors that hold 8 columns of two rows and writes
 them as two 16-byte rows (89 -> 75 us at D = 128, B T = 16k, 16 heads on an H100, against 72 us for a
-plain float32 -> bfloat16 copy of as many elements; session 12's kernel stored the fragment's 4-byte
-pairs: benchmarks/experiments/cute_dq_postprocess.py).
+plain float32 -> bfloat16 copy of as many elements; storing the fragment's 4-byte pairs as they
+are measured slower: benchmarks/experiments/cute_dq_postprocess.py).
 
 After a tile's last query tile each consumer warpgroup stores its 64 rows of dK and dV: from the
 registers (4 bytes a store), or (``tma_store``, ``config``) with stmatrix into shared memory (dV into a
@@ -106,42 +106,25 @@ def supports(q, k, v, dout, scale: float) -> bool:
 
 
 def config(D: int, causal: bool, Tk: int) -> dict:
-    """The main kernel's variant. ``persistent``: one CTA per SM walking the work units bx, bx + grid,
-    ... (its producer loads the next unit's K, V, Q and dO during this one's dK, dV stores), instead
-    of one CTA per unit. ``paired``: a unit is two key tiles, n and n_blocks - 1 - n, which under the
-    causal mask see 2 n_blocks + 2 query tiles together (every unit the same work); otherwise one key
-    tile. Measured on an H100: the persistent grid over single tiles 0.91-1.03x without the mask,
-    0.68-0.92x with it, where the static order balances the unequal causal tiles badly
-    (benchmarks/results/2026-11-22-cute-attention-bwd/variants-persistent-h100.log; again 0.99-1.02x and
-    0.66-0.99x in benchmarks/results/h100-2026-11-25-session11/units-bwd.json); the persistent grid over
-    pairs against one CTA per tile with the mask (units-bwd.json): D = 128 0.98x at T = 1k, 1.02-1.04x at
-    2k..8k, 0.99x at 16k; D = 64 1.03-1.04x at 1k..8k, 1.00x at 16k. Hence pairs on a persistent grid
-    with the mask up to 64 key tiles, single tiles otherwise.
-    ``tma_store``: dK and dV leave through shared memory (stmatrix) and TMA stores instead of 4-byte
-    stores from the registers; dK in the warpgroup's own halves of the dS buffers, dV in a buffer of
-    its own (32 KB more at D = 128: 225 KB). Measured on an H100 against the direct stores, same
-    process (benchmarks/results/h100-2026-11-25-session15/store-bwd.json), fraction of SDPA at
-    T = 1k / 2k / 4k / 8k / 16k: D = 128 causal 1.050 / 1.059 / 1.087 / 1.070 / 1.054 against 0.973 /
-    1.023 / 1.065 / 1.088 / 1.061, without the mask 1.020 / 1.032 / 1.053 / 1.050 / 1.066 against
-    0.979 / 1.015 / 1.066 / 1.088 / 1.096; D = 64 ahead at 1k only (1.130 / 1.031 against 1.118 /
-    1.014), 2-6% behind beyond. Short sequences gain (fewer query tiles per key tile: the stores are
-    a larger share); long ones lose 1-4% (not understood: the added barriers run once a tile). Hence
-    the TMA stores up to 32 key tiles with the mask and 16 without at D = 128, up to 8 at D = 64."""
+    """The main kernel's variant for a head dim, mask and key length: ``persistent``, ``paired`` and
+    ``tma_store`` as the attention table (``attention.Launch``) describes its ``backward_`` fields.
+    The choices and their measurements: docs/attention.md, "Why these defaults"."""
     n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
     paired = causal and n_blocks <= 64
     tma_store = n_blocks <= ((32 if causal else 16) if D == 128 else 8)
     return {"persistent": paired, "paired": paired, "tma_store": tma_store}
 
 
-def plan(q, k, v, dout, causal: bool, scale: float, sms: int, **variant) -> tuple:
+def plan(q, k, v, dout, causal: bool, scale: float, sms: int, launch) -> tuple:
     """``(key, dout_strides, numbers)`` of the launches for q, k, v, dout (tensors, or their
     ``_compile.Operand`` stand-ins) as ``supports`` takes them and new contiguous dk, dv: the main
     kernel's compile key, dout's TMA strides (the preprocess reads it through them) and the main
-    kernel's runtime numbers after its pointers. ``sms``: the device's SM count; ``variant``
-    overrides entries of ``config`` (for measurements)."""
+    kernel's runtime numbers after its pointers. ``sms``: the device's SM count; ``launch``: the
+    attention table (``attention.Launch``): its ``backward_`` fields that are not None replace ``config``'s."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    c = {**config(D, causal, Tk), **variant}
+    c = config(D, causal, Tk)
+    c.update({name: value for name in c if (value := getattr(launch, "backward_" + name)) is not None})
     n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
     units = (-(-n_blocks // 2) if c["paired"] else n_blocks) * Hkv * B
     ctas = min(units, sms) if c["persistent"] else units
@@ -153,15 +136,15 @@ def plan(q, k, v, dout, causal: bool, scale: float, sms: int, **variant) -> tupl
 
 
 def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale: float,
-                       planned: tuple | None = None, **variant) -> None:
+                       launch, planned: tuple | None = None) -> None:
     """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
     takes them (dout, say, the transposed view a model's output projection hands back, read in place);
     out (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
-    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``planned``: ``plan``'s
-    answer for these operands (the cute attention caches it per layout), else worked out here with
-    ``variant`` (overrides of ``config``, for measurements)."""
+    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``launch``: the
+    attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
+    answer for these operands under it (the cute attention caches it per layout), else worked out here."""
     B, H, Tq, D = q.shape
-    key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), **variant)
+    key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), launch)
     rows = B * H * -(-Tq // TILE_M) * TILE_M  # lse2 and delta: (B, H, Tq) padded to whole tiles
     dev = _compile.stream_of(q)
     pointer = _compile.pointer

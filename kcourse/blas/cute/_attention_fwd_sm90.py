@@ -69,14 +69,16 @@ longest first.
 
 What it takes (``supports``): float16 / bfloat16, D in {64, 128}, scale > 0, sm_90a; q, k, v with a
 unit-stride head dim, batch, head and sequence strides multiples of 8 elements (16 bytes: TMA's unit)
-and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and ``config``'s variant (tile_n,
+and 16-byte aligned base addresses. Compile key: (dtype, D, causal) and the variant (tile_n,
 persistent, paired, pingpong, overlap, q_stages, k_stages, v_stages, tma_store, scheduled); sizes, strides,
-the scale and the table are runtime arguments.
+the scale and the table are runtime arguments. The variant is ``config``'s, but for the fields the
+attention table (``attention.Launch``, ``kcourse.blas.tuning``) fixes.
 """
 
 # No ``from __future__ import annotations`` here: ``cute.struct`` reads its fields from the class's
 # annotations and needs the objects, not strings (the CPU suite failed that way when the DSL ran a
 # host function it had already transformed once).
+import dataclasses
 import heapq
 import math
 from types import SimpleNamespace
@@ -113,57 +115,11 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) ->
 
 
 def config(D: int, causal: bool, Tq: int) -> dict:
-    """The kernel's variant for a head dim, mask and query length: keys per tile, work units (one query
-    tile or a pair), persistent grid, ping-pong, the overlap of tiles and Q buffers, the K and V rings,
-    the epilogue's stores.
-
-    Measured on an H200 (bfloat16, 16 heads, B T = 16384, T = 1k..16k;
-    benchmarks/results/2026-11-22-cute-attention/variants-h200.log): 128 keys beat 176 (FlashAttention-3's
-    non-causal tile) by 1-5%, best against best; over single tiles the persistent grid is 1-7% faster
-    without the mask and 1-5% slower with it (its static order cannot start the longest causal tiles
-    first); ping-pong is -0.2 to +1.3% at D = 128 without the mask and 0-3% slower elsewhere.
-    ``paired`` (causal): a unit is two query tiles, m and m_tiles - 1 - m, so that every unit has the
-    same number of key tiles; then the static order of a persistent grid balances too. Measured on an
-    H100 (benchmarks/results/h100-2026-11-25-session11/units-fwd.json), the persistent grid over pairs
-    against one CTA per tile, longest first: 1.02-1.04x at D = 128 and 1.04-1.21x at D = 64 for
-    T = 1k..8k (1.00-1.13x against one CTA per pair), 0.98-1.00x at 16k (a 7.8-round grid's last round
-    is partly idle; 2048 single tiles fill the tail better); hence pairs up to 64 query tiles.
-    ``overlap``: in a CTA that runs several tiles, each tile's first S = Q K^T is issued beside the last
-    P V of the tile before, its softmax runs while that P V does, and the earlier tile's epilogue
-    follows; ``q_stages`` = 2 lets the next tile's Q arrive during this one. Measured on an H100
-    (h100-2026-11-25-session11/overlap-fwd.json, overlap2-fwd.json, two runs): at D = 128 with the
-    mask 1.05 / 1.03 / 1.03 / 1.01x at T = 1k / 2k / 4k / 8k, without it 1.03-1.04 / 1.02 / 1.01-1.02x at
-    1k / 2k / 4k and 0.95-1.01x beyond; at D = 64 0.98-0.99x with the mask and 0.88-0.93x without (the
-    overlap with one Q stage, or two Q stages without it, cost nothing in the steady state there:
-    their combination does; not understood); hence D = 128 only, and without the mask up to 4k.
-    ``k_stages``, ``v_stages``: the K and V rings. cuDNN's forward on an H100 uses all 227 KB of shared
-    memory (Nsight Compute), as three K/V stages beside one Q tile would; three stages with one Q buffer
-    and no overlap (225 KB at D = 128) measured 0.85-1.01 of SDPA at T = 1k-4k against 0.92-1.03 for
-    the configured variants (h100-2026-11-25-session12/kv3-fwd.json). Beside the overlap's two Q
-    buffers, three V stages measured 1.01-1.04x with the mask at T = 1k-4k, until the TMA store took
-    their place (h100-2026-11-25-session13/kv-split-fwd-{1,2}.json).
-    ``tma_store``: the epilogue writes out through shared memory (stmatrix) and a TMA store of each
-    warpgroup's 64 x D box, issued by one thread, instead of 4-byte stores from registers; a probe
-    that skipped the stores ran 1.05-1.15x faster at T = 1k-4k. Its buffer (32 KB at D = 128) takes
-    the third V stage's place. Measured on H100s in two processes (h100-2026-11-25-session15/README.md),
-    fraction of SDPA at D = 128, T = 1k / 2k / 4k / 8k, before (overlap, three V stages) -> with the
-    overlap and the TMA store: causal 0.93-0.97 / 1.01-1.02 / 1.03-1.05 / 0.99-1.04 ->
-    1.00-1.01 / 1.05-1.06 / 1.05-1.06 / 0.99-1.06; without the mask the TMA store without the overlap
-    wins at 2k and 4k (0.98-1.00 / 1.01, against 0.94-0.95 / 0.99-1.00 before) and with it at 1k (0.98-1.05
-    against 0.90-0.96), while at 8k and beyond the direct stores stay ahead (1-2%). At D = 64 the TMA
-    store wins 0.5-4% at T <= 2k, ties at 4k and loses 1-2% at 8k.
-    ``scheduled`` (with the mask, where pairs ran): the pairs' walk from a host-made table whose last
-    two rounds are single tiles balanced longest first (``schedule``). Same process on an H100, fraction
-    of SDPA at T = 1k / 2k / 4k / 8k, scheduled against pairs (h100-2026-11-25-session16/sched.json):
-    D = 128 0.993 / 1.088 / 1.098 / 1.093 against 0.981 / 1.041 / 1.074 / 1.075, D = 64 0.917 / 0.953 /
-    1.009 / 1.011 against 0.911 / 0.951 / 0.995 / 0.990.
-    ``pingpong`` with the mask, where the walk is ``scheduled`` (nineteenth session; the H200 measurement
-    above predates the scheduled walk, the overlap and the TMA store): fraction of SDPA at T = 1k / 2k /
-    4k / 8k, with / without it, D = 128: 0.994 / 1.043 / 1.075 / 1.100 against 0.972 / 1.041 / 1.072 /
-    1.096, and 1.017 against 0.986 at 1k in a second process; D = 64: 0.928 / 0.978 / 1.017 / 1.005 against
-    0.914 / 0.954 / 1.006 / 1.006 (h100-2026-11-25-session19/pingpong-fwd.json, pingpong2-fwd.json)."""
+    """The kernel's variant for a head dim, mask and query length: every field of the attention
+    table (``attention.Launch``, where each is described) but the backward's. The choices and their
+    measurements: docs/attention.md, "Why these defaults"."""
     m_tiles = -(-Tq // 128)
-    scheduled = causal and m_tiles <= 64  # (where pairs ran before: the walk keeps them but for its tail)
+    scheduled = causal and m_tiles <= 64  # pairs of tiles, the last rounds balanced (``schedule``)
     tma_store = (scheduled or (not causal and m_tiles <= 32)) if D == 128 else m_tiles <= 16
     overlap = D == 128 and (scheduled or (not causal and m_tiles <= 8))
     return {"tile_n": 128, "persistent": scheduled or not causal, "paired": False, "scheduled": scheduled,
@@ -238,15 +194,16 @@ def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, d
     return table
 
 
-def plan(q, k, v, causal: bool, scale: float, sms: int, **variant) -> tuple:
+def plan(q, k, v, causal: bool, scale: float, sms: int, launch) -> tuple:
     """``(key, numbers, walk)`` of the launch for q, k, v (tensors, or their ``_compile.Operand``
     stand-ins) as ``supports`` takes them and a new contiguous out: the compile key, the runtime
     numbers after the pointers and the table's width, and ``schedule_table``'s arguments but the
-    device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``variant``
-    overrides entries of ``config`` (for measurements)."""
+    device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``launch``:
+    the attention table (``attention.Launch``): its fields that are not None replace ``config``'s."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    c = {**config(D, causal, Tq), **variant}
+    c = config(D, causal, Tq)
+    c.update({name: value for name in c if (value := getattr(launch, name)) is not None})
     walk = None
     if c["scheduled"]:  # a persistent CTA per SM (or per unit, if fewer) walking its row of the table
         m_tiles = -(-Tq // 128)
@@ -259,19 +216,18 @@ def plan(q, k, v, causal: bool, scale: float, sms: int, **variant) -> tuple:
     return key, numbers, walk
 
 
-def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, planned: tuple | None = None,
-                       **variant) -> None:
+def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, launch, planned: tuple | None = None) -> None:
     """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
-    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``planned``: ``plan``'s
-    answer for these operands (the cute attention caches it per layout), else worked out here with
-    ``variant`` (overrides of ``config``, for measurements)."""
-    key, numbers, walk = planned or plan(q, k, v, causal, scale, sm_count(q.device), **variant)
+    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``launch``: the
+    attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
+    answer for these operands under it (the cute attention caches it per layout), else worked out here."""
+    key, numbers, walk = planned or plan(q, k, v, causal, scale, sm_count(q.device), launch)
     table = lse  # any int32-aligned pointer where no table is read
     if walk is not None:
         table = schedule_table(*walk, q.device)
         if table is None:  # being captured: pairs (the same results)
-            return attention_fwd_sm90(q, k, v, out, lse, causal, scale, **{**variant, "scheduled": False,
-                                                                            "paired": True})
+            return attention_fwd_sm90(q, k, v, out, lse, causal, scale,
+                                      dataclasses.replace(launch, scheduled=False, paired=True))
     pointer = _compile.pointer
     _compile.launch(_AttentionFwdSm90, key, pointer(q, 16), pointer(k, 16), pointer(v, 16), pointer(out, 16),
                     pointer(lse, 4), _compile.PointerArg(table.data_ptr(), cutlass.Int32, 4), table.shape[-1],
@@ -613,7 +569,7 @@ class _AttentionFwdSm90:
         """The producer thread: for each work tile of CTA bx's walk its Q, then its K and V tiles, last to
         first, each into its ring as a stage frees. (Loading the next tile's Q right after this tile's
         first K and V, a tile ahead, measured 2% slower with the mask at T = 1k-2k: the wait for its stage
-        holds back this tile's K and V; h100-2026-11-26-session20.)"""
+        holds back this tile's K and V.)"""
         bN, D = self.tile_n, self.D
         q_state, k_state, v_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
         tile, end, walked = self.first_tile(mWalk, bx), units * self.per_unit, Int32(0)

@@ -56,12 +56,11 @@ depend only on a few hashable facts, so ops compute them once per distinct set o
 The planning code of attention, the row-wise ops and the norms runs on ``Operand`` stand-ins
 (``Operand.of(t)``: shape, strides, dtype, address modulo 16, with the tensor methods planning
 calls), so one function decides for a tensor and for its stand-in; gemm and the level-2 ops plan on
-``View`` tuples. A plan must not depend on anything outside its arguments: a module-level hook a
-planner reads (``_rows.CLUSTER_OVERRIDE``, ``_norm.LAUNCH_OVERRIDE``) is passed in as an argument,
-and a test that patches a decision function gives the planner a fresh cache
-(``tests/_cute.py: fresh_plans``). At T = 1k a cute attention forward went from ~48 to ~30 us of
-host time in its backend function this way, the C call being ~5 of them
-(benchmarks/results/h100-2026-11-25-session18).
+``View`` tuples. A plan must not depend on anything outside its arguments: an op's launch table
+(``kcourse.blas.tuning``) is passed in as an argument, and a test that patches a decision function
+gives the planner a fresh cache (``tests/_cute.py: fresh_plans``). At T = 1k a cute attention
+forward spends ~30 us of host time in its backend function this way (~48 when it planned every
+call), the C call being ~5 of them.
 Scratch memory that a launch's kernels hand to each other (partial sums) is kept per kernel and
 stream (``workspace``) rather than allocated on every call.
 """

@@ -39,8 +39,8 @@ Backward (``norm_backward_kernel``, P CTAs: one of 512 threads or two of 256 an 
     row is swept in chunks, twice: first row by row for its row sums (kept in a (N, 2) float32 scratch,
     rms_norm (N, 1), one thread a row), then chunk by chunk over the CTA's rows, where each chunk of dx is written
     beside that chunk's column sums, which stay in registers (x and dy read twice and dx written once:
-    5ND elements moved where the minimum is 3ND; triton's backward, and this one until the twentieth
-    session, read x and dy three times: a dx sweep row by row and then the column sums). Without a
+    5ND elements moved where the minimum is 3ND; triton's backward reads x and dy three times: a dx
+    sweep row by row, then the column sums). Without a
     column sum to take, dx is swept row by row; without dx, the column sums alone.
     ``column_sum_kernel`` adds the P partials of each column in a fixed order and rounds once to the
     parameter's dtype: a deterministic two-stage reduction, no atomics.
@@ -53,6 +53,7 @@ N, D, eps and the strides are runtime arguments. N must stay below 2^31 rows (th
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -62,6 +63,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
+from .. import tuning
 from .._layout import rows_of
 from . import _compile, _reduce
 from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
@@ -72,8 +74,31 @@ ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy:
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
 STREAM_BACKWARD = 16  # ... backward (x, dy, weight, and two column sums)
 CTAS_PER_SM = 2  # backward grid for rows longer than ON_CHIP_BACKWARD (rows kept on chip: backward_launch)
-LAUNCH_OVERRIDE = None  # backward, rows kept on chip: (threads, CTAs per SM, prefetch) instead of backward_launch's
 SUM_UNROLL = 4  # column_sum_kernel: steps of its loop unrolled (each thread has that many loads in flight)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch choices of the layer_norm and rms_norm kernels: each op's table
+    (``kcourse.blas.tuning``: ``launch("layer_norm")``, ``override("rms_norm", ...)``). Every field
+    reaches the compile key (through the ``Plan``'s threads, or the key's prefetch flag).
+
+    - ``row_threads``: the forward's CTA for a row kept in registers that exactly fills 256 threads
+      (``_rows.spread_row``); default ``FORWARD_ROW_THREADS`` (512), 256: not spread.
+    - ``backward_threads``, ``backward_ctas_per_sm``, ``backward_prefetch``: the backward's launch for
+      rows kept on chip (D <= ``ON_CHIP_BACKWARD``): threads per CTA, CTAs per SM in its grid, and
+      whether each thread stages the next row in shared memory (cp.async; 16-bit rows only: 32-bit
+      ones beside the accumulators do not fit). None (the default): ``backward_launch``'s choice for
+      the call; a value fixes that one field. Longer rows always take ``CTAS_PER_SM`` CTAs of 256.
+    """
+
+    row_threads: int = FORWARD_ROW_THREADS
+    backward_threads: int | None = None
+    backward_ctas_per_sm: int | None = None
+    backward_prefetch: bool | None = None
+
+
+LAUNCH = Launch()
 
 
 # ----------------------------------------------------------------------------- device helpers
@@ -513,13 +538,13 @@ def _operand(t):
 
 
 @_compile.plan_cache
-def _forward_plan(x2, weight, bias, center: bool) -> tuple:
+def _forward_plan(x2, weight, bias, center: bool, launch: Launch) -> tuple:
     """``(key, align, args)`` of the forward's launch for ``x2`` (N, D) and (D,) ``weight``, ``bias``
-    (``_compile.Operand``s or None) writing a new contiguous (N, D) y."""
+    (``_compile.Operand``s or None) writing a new contiguous (N, D) y; ``launch``: the op's table."""
     op = "layer_norm" if center else "rms_norm"
     y2 = _compile.Operand.new(x2.shape, x2.dtype)
     vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
-    plan_ = spread_row(plan_, x2.shape[1], FORWARD_ROW_THREADS)  # a row that fills a CTA: over 512 threads
+    plan_ = spread_row(plan_, x2.shape[1], launch.row_threads)  # a row that fills a CTA: over 512 threads
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args
 
@@ -534,7 +559,8 @@ def norm_forward(x, weight, bias, eps, center):
     rstd = x.new_empty(n, dtype=torch.float32)
     if n and d:
         weight, bias = _dense(weight), _dense(bias)
-        key, align, args = _forward_plan(_compile.Operand.of(x2), _operand(weight), _operand(bias), center)
+        key, align, args = _forward_plan(_compile.Operand.of(x2), _operand(weight), _operand(bias), center,
+                                         tuning.launch("layer_norm" if center else "rms_norm"))
         pointer = _compile.pointer
         _compile.launch(_norm_forward_factory, key, _compile.stream_of(x), pointer(x2, align),
                         None if weight is None else pointer(weight, align),
@@ -550,28 +576,30 @@ def norm_forward(x, weight, bias, eps, center):
 def backward_launch(center: bool, itemsize: int, vec: int, tpr: int) -> tuple:
     """``(threads, CTAs per SM, prefetch)`` of the backward for rows kept on chip (``itemsize``-byte
     elements, ``vec`` per access, ``tpr`` threads a row). One CTA of 512 threads an SM holds the
-    rows two CTAs of 256 would and writes half as many partials: 1-2% faster than two CTAs at D = 8192
-    and up to 15% at 4096 (H100, benchmarks/results/h100-2026-11-25-session17). The exception,
-    measured the same way: layer_norm in 16 bits with a row across 256 threads (D > 4096), where two
-    CTAs of 256 that stage the next row in shared memory (cp.async, 4 bytes an access at least) beat
-    512 threads by 4%."""
+    rows two CTAs of 256 would and writes half as many partials (faster on an H100 at D = 1024-8192);
+    except layer_norm in 16 bits with a row across 256 threads (D > 4096), where two CTAs of 256 that
+    stage the next row in shared memory (cp.async, 4 bytes an access at least) are faster.
+    Measurements: docs/layer_norm.md, "Why these defaults"."""
     if center and itemsize <= 2 and tpr == THREADS:
         return THREADS, 2, itemsize * vec >= 4
     return 2 * THREADS, 1, False
 
 
 @_compile.plan_cache
-def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch_override) -> tuple:
+def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch: Launch) -> tuple:
     """``(key, align, ctas, args)`` of the backward's launch for (N, D) ``dy2``, ``x2`` and (D,)
     ``weight`` (``_compile.Operand``s or None) writing a new contiguous dx where ``needs[0]``, on a
-    device of ``sms`` SMs; ``launch_override``: ``LAUNCH_OVERRIDE``, which the planning reads."""
+    device of ``sms`` SMs; ``launch``: the op's table."""
     n, d = x2.shape
     row_tensors = (dy2, x2) + ((_compile.Operand.new((n, d), x2.dtype),) if needs[0] else ())
     op = "layer_norm" if center else "rms_norm"
     vec, plan_, args = _rows(op, row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
     per_sm, prefetch = CTAS_PER_SM, False
     if plan_.one_pass:
-        threads, per_sm, prefetch = launch_override or backward_launch(center, x2.element_size(), vec, plan_.tpr)
+        threads, per_sm, prefetch = backward_launch(center, x2.element_size(), vec, plan_.tpr)
+        threads = launch.backward_threads or threads
+        per_sm = launch.backward_ctas_per_sm or per_sm
+        prefetch = prefetch if launch.backward_prefetch is None else launch.backward_prefetch
         plan_ = plan_._replace(threads=threads)
     ctas = max(1, min(-(-n // plan_.rows), per_sm * sms))
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], prefetch)
@@ -589,7 +617,8 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     dy2 = rows_of(dout)
     needs = tuple(bool(need) for need in needs)
     key, align, ctas, args = _backward_plan(_compile.Operand.of(dy2), _compile.Operand.of(x2), _operand(weight), needs,
-                                            mean is not None, _reduce.sm_count_of(x2.get_device()), LAUNCH_OVERRIDE)
+                                            mean is not None, _reduce.sm_count_of(x2.get_device()),
+                                            tuning.launch("layer_norm" if mean is not None else "rms_norm"))
     sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
     partials = x2.new_empty((sets, ctas, d), dtype=torch.float32) if sets else None
     dw = partials[0] if needs[1] else None

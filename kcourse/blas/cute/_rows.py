@@ -98,6 +98,7 @@ with m_t the thread's own max: one exp per element (plus one per thread).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -109,6 +110,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
+from .. import tuning
 from .._layout import strided_layout
 from . import _compile, _reduce
 from ._elementwise import coordinate
@@ -120,12 +122,34 @@ MAX_ONE_PASS = 16384  # the longest row kept in registers: 64 elements per threa
 MAX_N = 2**31 - 2**24  # row lengths (and column indices) are 32-bit
 ACROSS_ROWS = 32  # rows per CTA when a row's threads are spread across warps (Plan.across)
 CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable cluster
-CLUSTER_OVERRIDE = None  # an int: split_rows uses this many CTAs per row wherever it can (tests, benchmarks)
-PLAN_OVERRIDE = {}  # factory name -> function of the plan: the plan its launches use instead (benchmarks)
 BACKWARD_THREADS = 512  # softmax backward: CTAs over rows kept in registers, at most VALUES elements a thread
 FORWARD_ROW_THREADS = 512  # forwards: a row kept in registers that fills a CTA is spread over this many (spread_row)
 LOG2E = math.log2(math.e)
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch choices of the softmax and log_softmax kernels: each op's table
+    (``kcourse.blas.tuning``: ``launch("softmax")``, ``override("log_softmax", ...)``). Every field
+    reaches the compile key through the ``Plan``.
+
+    - ``cluster``: CTAs per row (a thread block cluster, sm_90+), forward and backward. None (the
+      default): ``split_rows``'s rule (rows longer than one CTA keeps in registers, where that pays);
+      an int: that many wherever a row has as many vectors, short rows included (1: a CTA per row).
+    - ``row_threads``: the forward's CTA for a row kept in registers that exactly fills 256 threads
+      (``spread_row``); default ``FORWARD_ROW_THREADS`` (512), 256: not spread.
+    - ``backward_threads``: the backward's CTA over rows kept in registers, at most ``VALUES``
+      elements a thread; default ``BACKWARD_THREADS`` (512: twice the rows of 256, the same work a
+      thread); 256: as the forward.
+    """
+
+    cluster: int | None = None
+    row_threads: int = FORWARD_ROW_THREADS
+    backward_threads: int = BACKWARD_THREADS
+
+
+LAUNCH = Launch()
 
 
 # ----------------------------------------------------------------------------- host: rows and plans
@@ -182,7 +206,7 @@ def clusters_supported() -> bool:
     return int(_compile.target()[len("sm_"):].rstrip("a")) >= 90
 
 
-def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0) -> Plan:
+def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: int | None = None) -> Plan:
     """``plan_`` (for ``m`` rows of ``n`` elements) with each row spread over several CTAs -- a
     cluster, whose CTAs combine their partial results through distributed shared memory -- where
     that pays: for rows longer than one CTA keeps in registers (shorter rows are left alone),
@@ -197,16 +221,18 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0) -> Plan:
 
     the larger of the two, at most ``CLUSTER_MAX``. A share that fits in registers is one chunk
     (the CTA count is then the number of chunks); a longer one is swept in chunks. The rule and its
-    measurements: docs/softmax.md, "A few long rows, or many very long ones". Before sm_90 (no
-    clusters): ``plan_``."""
+    measurements: docs/softmax.md, "A few long rows, or many very long ones". ``cluster`` (an op's
+    ``Launch.cluster``): instead of the rule, that many CTAs for any row of at least as many vectors,
+    short rows included. Before sm_90 (no clusters): ``plan_``."""
     longest = MAX_ONE_PASS if plan_.vec > 1 else THREADS * VALUES  # as plan(): 8192 with scalar accesses
-    if plan_.across or (n <= longest and CLUSTER_OVERRIDE is None) or not clusters_supported():
+    if plan_.across or (n <= longest and cluster is None) or not clusters_supported():
         return plan_
-    fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
-    keep = -(-n // min(share, longest)) if share else 1
-    cluster = min(CLUSTER_MAX, max(fill, keep))
-    if CLUSTER_OVERRIDE is not None:
-        cluster = min(CLUSTER_OVERRIDE, -(-n // plan_.vec))
+    if cluster is None:
+        fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
+        keep = -(-n // min(share, longest)) if share else 1
+        cluster = min(CLUSTER_MAX, max(fill, keep))
+    else:
+        cluster = min(cluster, -(-n // plan_.vec))
     if cluster < 2:
         return plan_
     per_cta = -(-n // cluster)
@@ -270,12 +296,8 @@ def row_views(pointers, n, rank: int, plan_: Plan, args) -> tuple[list, list]:
 def spread_row(plan_: Plan, n: int, threads: int) -> Plan:
     """``plan_`` with a row of ``n`` elements that exactly fills a CTA of ``THREADS`` (kept in registers,
     vector accesses, at most ``VALUES`` elements a thread) spread over a CTA of ``threads``, the vectors
-    a thread divided accordingly; other plans as they are. Measured for the forwards (H100, triton's
-    time over ours, 256 -> 512 threads a row; benchmarks/results/h100-2026-11-25-session19,
-    ``row-spread.json``) at 32768 x 8192, the one such row in 16 and 32 bits: softmax float32 0.998 ->
-    1.000, bfloat16 1.000 -> 0.999; layer_norm 0.994 -> 1.000, 0.996 -> 0.998; rms_norm 0.999 -> 1.000,
-    0.999 -> 1.003. Elsewhere it did not pay: at 16384 columns (64 elements a thread) -0.7 to +0.6%,
-    at 5000 (a chunk 61% full) and 3001 (scalar accesses) -9 to +8%."""
+    a thread divided accordingly; other plans as they are. It pays only there: 0.2-0.6% faster at
+    8192 columns, -9 to +8% at other lengths (docs/softmax.md, "Why these defaults")."""
     if (threads == THREADS or not plan_.one_pass or plan_.across or plan_.cluster > 1 or plan_.tpr != THREADS
             or plan_.vec == 1 or plan_.vpt * plan_.vec > VALUES or n != plan_.chunk or plan_.vpt * THREADS < threads):
         return plan_
@@ -687,21 +709,21 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
 
 
 def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int,
-                threads: int = THREADS, spread: int = THREADS) -> torch.Tensor:
+                threads: int = THREADS, spread: int = THREADS, cluster: int | None = None) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
     ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
     ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``);
     ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread;
-    ``spread``: the threads a row kept in registers that fills a CTA is spread over (``spread_row``)."""
+    ``spread``: the threads a row kept in registers that fills a CTA is spread over (``spread_row``);
+    ``cluster``: CTAs per row instead of ``split_rows``'s rule (``Launch.cluster``)."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
     tensors = (*inputs, out)
     planned = rows_plan(op, factory, tuple(_compile.Operand.of(t) for t in tensors), dim, log, share, threads,
-                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), CLUSTER_OVERRIDE,
-                        PLAN_OVERRIDE.get(factory.__name__))
+                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), cluster)
     if planned is None:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
-        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread)
+        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread, cluster)
     key, align, numbers = planned
     _compile.launch(factory, key, _compile.stream_of(out), *(_compile.pointer(t, align) for t in tensors), *numbers)
     return out
@@ -709,12 +731,11 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
 
 @_compile.plan_cache
 def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, spread: int, sms: int,
-              arch: str, cluster_override, plan_override) -> tuple | None:
+              arch: str, cluster: int | None) -> tuple | None:
     """``(key, align, numbers)`` of ``launch_rows``'s launch for ``tensors`` (the inputs and the
     output, as ``_compile.Operand``s): the compile key, the bytes each pointer promises, the numbers
-    after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``,
-    ``cluster_override``, ``plan_override``: the target and the override hooks, which the planning
-    reads (so that a plan made under other values is not reused)."""
+    after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``:
+    the target, which the planning reads (so that a plan made for another is not reused)."""
     dim %= len(tensors[0].shape)
     rows_of = [_compile.Operand(t.shape[:dim] + t.shape[dim + 1:], t.strides[:dim] + t.strides[dim + 1:], t.dtype,
                                 t.misalignment) for t in tensors]  # the operands' first rows (select(dim, 0))
@@ -731,26 +752,27 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
     vec = row_vector_width(tensors, N, row_strides, col_strides)
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
-    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share)
+    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share, cluster)
     if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
             and plan_.vpt * plan_.vec <= VALUES:
         plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
     plan_ = spread_row(plan_, N, spread)
-    if plan_override is not None:
-        plan_ = plan_override(plan_)
     key = (log, _compile.DTYPES[out.dtype], len(row_shape), plan_)
     return key, vec * out.element_size(), (M, N, *row_arguments(row_shape, row_strides, col_strides))
 
 
 def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     """The cute ``softmax``/``log_softmax`` forward: ``(y, (y,))``."""
-    y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=FORWARD_ROW_THREADS)
+    launch = tuning.launch(op)
+    y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=launch.row_threads,
+                    cluster=launch.cluster)
     return y, (y,)
 
 
 def softmax_rows_backward(op: str, dy: torch.Tensor, cache, needs, dim: int, log: bool):
     """The cute ``softmax_backward``/``log_softmax_backward``: ``(dx,)`` (None if not needed)."""
     (y,) = cache
+    launch = tuning.launch(op)
     # the backward holds y and dy: half the forward's share of a long row per CTA
     return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log, share=MAX_ONE_PASS // 2,
-                        threads=BACKWARD_THREADS) if needs[0] else None,)
+                        threads=launch.backward_threads, cluster=launch.cluster) if needs[0] else None,)

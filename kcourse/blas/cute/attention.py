@@ -59,10 +59,12 @@ real head dim, strides and the scale are runtime arguments.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from .. import tuning
 from . import _compile
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
 from ._attention_bwd_sm90 import attention_bwd_sm90, plan as sm90_bwd_plan, supports as sm90_bwd_supports
@@ -74,6 +76,59 @@ from ._reduce import sm_count_of, vector_width
 MAX_HEAD_DIM = 128
 _MAX_DIM = 2**31 - 2**10  # sequence lengths and B H Tq are Int32 in the kernels
 _MAX_GRID = 65535  # heads and batch are grid dims y and z
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch choices of the Hopper attention kernels (the mma.sync kernels have none): the op's
+    table (``kcourse.blas.tuning``: ``launch("attention")``, ``override("attention", ...)``). Every
+    field defaults to None: the choice of ``_attention_fwd_sm90.config`` (forward) or
+    ``_attention_bwd_sm90.config`` (the ``backward_`` fields) for the call's head dim, mask and
+    sequence length, summarized after each field; a value fixes it for every call. Every field is
+    part of the kernels' compile keys. Why these rules: docs/attention.md, "Why these defaults".
+
+    Forward (a CTA of 128 queries; ``m`` query tiles):
+
+    - ``tile_n``: keys per tile (128).
+    - ``persistent``: one CTA per SM walking the work units, not one CTA per unit (without the mask;
+      with it where ``scheduled``).
+    - ``paired``: a unit is two query tiles, m and m_tiles - 1 - m, equal work under the mask (never:
+      ``scheduled`` keeps the pairs but for the last rounds).
+    - ``scheduled``: a persistent CTA walks its row of a host-made table (``schedule``: pairs, the
+      last two rounds' tiles balanced longest first) (with the mask, up to 64 query tiles).
+    - ``pingpong``: the two consumer warpgroups take turns at the tensor cores (where ``scheduled``;
+      without the mask at D = 128).
+    - ``overlap``: a tile's first S = Q K^T is issued beside the last P V of the tile before (D = 128,
+      where ``scheduled``, or without the mask up to 8 query tiles).
+    - ``q_stages``: Q buffers (2 with the overlap, else 1); ``k_stages``, ``v_stages``: the K and V
+      rings (2, 2). A variant whose buffers exceed shared memory is refused by name.
+    - ``tma_store``: out leaves through shared memory and TMA stores, not 4-byte stores from registers
+      (D = 128 where ``scheduled`` or without the mask up to 32 query tiles; D = 64 up to 16).
+
+    Backward (a work tile of 128 keys; ``n`` key tiles):
+
+    - ``backward_persistent``: one CTA per SM walking the units (with the mask, up to 64 key tiles).
+    - ``backward_paired``: a unit is two key tiles, n and n_blocks - 1 - n (as ``backward_persistent``).
+    - ``backward_tma_store``: dK and dV leave through shared memory and TMA stores (D = 128 up to 32
+      key tiles with the mask and 16 without; D = 64 up to 8).
+    """
+
+    tile_n: int | None = None
+    persistent: bool | None = None
+    paired: bool | None = None
+    scheduled: bool | None = None
+    pingpong: bool | None = None
+    overlap: bool | None = None
+    q_stages: int | None = None
+    k_stages: int | None = None
+    v_stages: int | None = None
+    tma_store: bool | None = None
+    backward_persistent: bool | None = None
+    backward_paired: bool | None = None
+    backward_tma_store: bool | None = None
+
+
+LAUNCH = Launch()
 
 
 def _math_mode(dtype: torch.dtype) -> str:
@@ -145,10 +200,11 @@ class _Forward(NamedTuple):
 
 
 @_compile.plan_cache
-def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float, arch: str, device: int,
-                  mode: str) -> _Forward | None:
+def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float, launch: Launch, arch: str,
+                  device: int, mode: str) -> _Forward | None:
     """The forward's plan for operands laid out as q, k, v (None: nothing to compute, no query or no
-    key). ``arch``, ``mode``: ``_compile.target()`` and ``_math_mode``, which the planning reads too."""
+    key) under the op's table ``launch``. ``arch``, ``mode``: ``_compile.target()`` and ``_math_mode``,
+    which the planning reads too."""
     Dp = _padded_head_dim(q)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -159,7 +215,7 @@ def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float
     copies = tuple(r is not t for r, t in zip(read, (q, k, v)))
     q, k, v = read
     if sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
-        key, numbers, walk = sm90_plan(q, k, v, causal, scale, sm_count_of(device))
+        key, numbers, walk = sm90_plan(q, k, v, causal, scale, sm_count_of(device), launch)
         return _Forward(copies, True, key, 16, numbers, walk)
     out = Operand.new((B, H, Tq, D), q.dtype)
     vec = min(vec, _vec([out]))
@@ -169,7 +225,8 @@ def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
     """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
-    plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), causal, scale, *_facts(q))
+    table = tuning.launch("attention")
+    plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), causal, scale, table, *_facts(q))
     B, H, Tq, D = q.shape
     out = q.new_empty((B, H, Tq, D))
     lse = q.new_empty((B, H, Tq), dtype=torch.float32)
@@ -178,7 +235,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if any(plan.copies):
         q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), plan.copies))
     if plan.sm90:
-        attention_fwd_sm90(q, k, v, out, lse, causal, scale, planned=(plan.key, plan.numbers, plan.walk))
+        attention_fwd_sm90(q, k, v, out, lse, causal, scale, table, planned=(plan.key, plan.numbers, plan.walk))
     else:
         align = plan.align
         launch(_fwd_factory, plan.key, pointer(q, align), pointer(k, align), pointer(v, align), pointer(out, align),
@@ -198,9 +255,9 @@ class _Backward(NamedTuple):
 
 @_compile.plan_cache
 def _backward_plan(q: Operand, k: Operand, v: Operand, dout: Operand, out: Operand, causal: bool, scale: float,
-                   deterministic: bool, arch: str, device: int, mode: str) -> _Backward | None:
+                   deterministic: bool, launch: Launch, arch: str, device: int, mode: str) -> _Backward | None:
     """The backward's plan for operands laid out as q, k, v, dout and the forward's out (None:
-    every gradient is zero, no query or no key)."""
+    every gradient is zero, no query or no key) under the op's table ``launch``."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if q.numel() == 0 or k.numel() == 0:
@@ -215,7 +272,7 @@ def _backward_plan(q: Operand, k: Operand, v: Operand, dout: Operand, out: Opera
     (q, k, v, dout), vec = _readable(q, k, v, dout)
     if sm90_bwd_supports(q, k, v, dout, scale) and not deterministic:
         copies = tuple(r is not t for r, t in zip((q, k, v, dout), originals))
-        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, sm_count_of(device)), (), 16, ())
+        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, sm_count_of(device), launch), (), 16, ())
     if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
         dout = dout.contiguous()
         vec = _vec([q, k, v, dout])
@@ -231,8 +288,9 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     deterministic mode) one pass computes all three (dq's conversion only when needed); otherwise delta
     first, then dK and dV together when either is needed, then dQ when needed."""
     q, k, v, out, lse = cache
+    table = tuning.launch("attention")
     plan = _backward_plan(Operand.of(q), Operand.of(k), Operand.of(v), Operand.of(dout), Operand.of(out), causal,
-                          scale, torch.are_deterministic_algorithms_enabled(), *_facts(q))
+                          scale, torch.are_deterministic_algorithms_enabled(), table, *_facts(q))
     if plan is None:  # no query or no key: every gradient is zero
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if n else None
                      for t, n in zip((q, k, v), needs))
@@ -242,7 +300,7 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     dq = q.new_empty(q.shape) if needs[0] else None
     if plan.sm90 is not None:
         dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, planned=plan.sm90)
+        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, table, planned=plan.sm90)
         return dq, dk if needs[1] else None, dv if needs[2] else None
     align, (delta_key, dkdv_key, dq_key), dev = plan.align, plan.keys, stream_of(q)
     B, H, Tq, D = q.shape

@@ -59,6 +59,7 @@ and every stride are runtime arguments.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -68,7 +69,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import _check
+from .. import _check, tuning
 from . import _compile, _reduce
 from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
@@ -81,6 +82,18 @@ POS_INF = float("inf")
 BACKWARD_SHARE = 8192  # the most elements of a long row one CTA of the backward takes (split_rows)
 SUM_THREADS = 256  # threads of each CTA of the mean / sum / count kernels
 PART_ROWS = 1024  # rows per CTA of their first stage: 4 a thread, all loads in flight
+
+
+@dataclass(frozen=True)
+class Launch:
+    """cross_entropy's launch choices: the op's table (``kcourse.blas.tuning``). ``cluster``: CTAs
+    per row, forward and backward; None (the default): ``split_rows``'s rule; an int: that many
+    wherever a row has as many vectors (1: a CTA per row)."""
+
+    cluster: int | None = None
+
+
+LAUNCH = Launch()
 
 
 @cute.jit
@@ -362,7 +375,8 @@ def _rows_of(op, tensors, share=0):
     # one chunk up to V = 16384, else chunks of 64 elements per thread; threads across rows for a
     # transposed logits (rows adjacent in memory); a few long rows: several CTAs per row (split_rows)
     across = N > 1 and all(c != 1 for c in col_strides) and all(s == 1 for (s,) in row_strides)
-    plan_ = split_rows(plan(V, vec, col_strides, across=across), N, V, _reduce.sm_count(tensors[0].device), share)
+    plan_ = split_rows(plan(V, vec, col_strides, across=across), N, V, _reduce.sm_count(tensors[0].device), share,
+                       tuning.launch("cross_entropy").cluster)
     return vec, plan_, row_arguments((N,), row_strides, col_strides)
 
 
