@@ -1,50 +1,137 @@
-"""Training throughput of a ~50M-parameter GPT: kcourse.modules on a backend against the same
-architecture built from torch.nn (eager), in one run, with peak memory beside it.
+"""Training throughput of GPT-2 124M built from kcourse.modules against the same architecture built
+from torch.nn (tests/torch_reference.py), eager, torch.compile'd and under autocast, in one process.
 
-    python benchmarks/gpt.py --out DIR                         # H100: bf16, T = 1024, triton vs torch.nn
-    python benchmarks/gpt.py --out DIR --cuda-graph            # also each model's step replayed as a CUDA graph
-    python benchmarks/gpt.py --out DIR --arch llama --backend pytorch
-    python benchmarks/gpt.py --out /tmp/g --device cpu --tiny  # smoke test of this script
+    python -m benchmarks.gpt --out DIR                               # GPT-2 124M, T = 1024, batch 8, every variant
+    python -m benchmarks.gpt --out DIR --batch 16 --backends cute    # torch.nn baselines + cute's variants
+    python -m benchmarks.gpt --out DIR --variants eager,autocast     # a subset (see --variants)
+    python -m benchmarks.gpt --out DIR --cuda-graph                  # also the "graphed" variants
+    python -m benchmarks.gpt --out /tmp/g --device cpu --tiny --backends pytorch --variants eager,compile  # smoke test
 
-Each model trains `--steps` AdamW steps on random tokens after `--warmup` steps (compiles and
-autotuning); tokens/s = batch * T * steps / elapsed (CUDA-synchronized wall clock). Both models
-start from the same weights (the torch.nn one loads kcourse's state dict), and every variant of a
-model starts from its initial weights again. Writes DIR/gpt.json.
+A variant is MODEL:MODE. MODEL is torch.nn or a kcourse backend (--backends). MODE is one of
+  eager              bf16 weights (--dtype), plain PyTorch eager
+  compile            torch.compile(model, fullgraph=True), bf16 weights
+  compile-ro         the same with mode="reduce-overhead" (CUDA graphs made by inductor)
+  autocast           float32 master weights, forward under torch.autocast(bfloat16), eager
+  autocast+compile   float32 master weights, the compiled model called under autocast
+  graphed            bf16 weights, one whole eager step (forward, backward, AdamW(capturable=True))
+                     captured by hand in a CUDA graph and replayed (--cuda-graph adds these)
+The default set: torch.nn:{eager, compile, autocast+compile, autocast} and every backend x {eager,
+compile, compile-ro, autocast, autocast+compile}. --variants picks the variants named, those of a
+MODE (any model, torch.nn:compile-ro included) and the default ones of a MODEL, plus the torch.nn
+baseline of each (--no-baselines: not those). Each variant's ratio is against its baseline:
+eager and graphed against torch.nn:eager, compile and compile-ro against torch.nn:compile,
+autocast against torch.nn:autocast and autocast+compile against torch.nn:autocast+compile.
 
---cuda-graph adds a "graphed" variant of each model: after the warm-up steps (on a side stream, as
-CUDA graphs require), one whole training step -- forward, backward, AdamW(capturable=True) -- is
-captured with torch.cuda.graph on static input buffers, and each timed step copies its batch into
-those buffers and replays the graph: no Python, no launch overhead, the GPU time alone. torch.nn
-eager stays the baseline of the ratios; torch.nn graphed is reported beside it for honesty. A
-variant that fails (a capture error, say) is reported with its error; the others still run.
+Each variant builds its model afresh from the same initial weights (kcourse's GPT under seed 0;
+the torch.nn twin loads its state dict), trains `--warmup` AdamW steps on random tokens (the first
+one, timed alone, includes compiling, autotuning and CUDA-graph capture), then `--steps` timed
+steps: tokens/s = batch * T / (median step time), each step's time from CUDA events recorded
+between steps (no synchronization inside the loop) or, on the CPU, the wall clock. The peak memory
+(torch.cuda.max_memory_allocated, reset before the model is built) covers weights, gradients,
+optimizer state and activations. A variant that fails is recorded with its error and the traceback's
+tail; the others still run. Between variants the model and optimizer are freed and, after a
+compiled one, torch._dynamo.reset() runs: each variant is a new model instance, and without a reset
+every one would be another recompilation of the same forward (after 8, dynamo silently falls back to
+eager), guards of dead models would pile up, and the CUDA graph pools of reduce-overhead would stay
+allocated. The reset leaves the on-disk inductor and autotuning caches alone, so a second run on the
+same machine may show shorter first steps. DIR/gpt.json is rewritten after every variant (a run cut
+short keeps what it measured); --time-limit starts no variant after so many seconds, so a run in a
+bounded call still prints its table. Every variant trains the same steps on the same batches, so
+the final losses agree to rounding (bf16 weights, or autocast) across models.
+
+Cost on an H200 (16 host cores; torch 2.11), batch 8: an eager variant ~5 s; torch.compile of the
+torch.nn model ~25-30 s (first step); triton's first variant in a process ~50 s more (autotuning,
+unless its disk cache is warm); a kcourse triton compile-ro did not finish within ~150 s.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import gc
+import importlib.util
 import json
-import sys
+import platform
+import statistics
+import subprocess
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # torch_reference.py
-import torch_reference  # noqa: E402
+import kcourse
+from kcourse.modules import GPT, GPTConfig
 
-from kcourse.modules import GPT, GPTConfig  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[1]
 ARCHS = {
     "gpt2": dict(mlp="gelu", norm="layernorm", pos="learned", bias=True),
     "llama": dict(mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, n_kv_head=4, tie_weights=False),
 }
+MODES = ("eager", "compile", "compile-ro", "autocast", "autocast+compile", "graphed")
+BASELINE = {"eager": "eager", "graphed": "eager", "compile": "compile", "compile-ro": "compile",
+            "autocast": "autocast", "autocast+compile": "autocast+compile"}
+TORCH_NN_MODES = ("eager", "compile", "autocast+compile", "autocast")
+KCOURSE_MODES = ("eager", "compile", "compile-ro", "autocast", "autocast+compile")
+GRAPH_WARMUP = 2  # eager steps (of --warmup) before a graphed variant's capture
+TARGETS = {"eager": 1.0, "compile": 1.0, "compile-ro": 1.0, "autocast": 0.95, "autocast+compile": 0.95, "graphed": 1.0}
+
+
+def target(name: str) -> float:
+    """Issue 28's target for a kcourse variant's ratio to its baseline."""
+    return 0.97 if name == "pytorch:eager" else TARGETS[name.partition(":")[2]]
+
+
+@functools.cache
+def torch_reference():
+    """tests/torch_reference.py (the torch.nn twin of kcourse.modules), loaded by path."""
+    spec = importlib.util.spec_from_file_location("torch_reference", ROOT / "tests" / "torch_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def config(args) -> GPTConfig:
     if args.tiny:
         return GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64, **ARCHS[args.arch])
-    # 8 layers of width 512 (25M) + a 50304 x 512 embedding (26M): ~51M parameters
-    return GPTConfig(vocab_size=50304, block_size=1024, n_layer=8, n_head=8, n_embd=512, **ARCHS[args.arch])
+    # GPT-2 124M: 12 layers of width 768 (85M) + a 50304 x 768 embedding (39M) tied to the LM head
+    return GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768, **ARCHS[args.arch])
+
+
+def variant_names(args) -> tuple[list[str], dict[str, str]]:
+    """The variants to run, in order, and the backends skipped with the reason."""
+    skipped, models = {}, ["torch.nn"]
+    info = kcourse.backend.backends()
+    for b in args.backends:
+        if b not in info:
+            raise SystemExit(f"unknown backend {b!r}; valid: {', '.join(info)}")
+        if args.cuda and b == "python":
+            skipped[b] = "too slow for this benchmark on CUDA"
+        elif not info[b].available:
+            skipped[b] = f"{info[b].reason} (fix: {info[b].fix})"
+        else:
+            models.append(b)
+    names = [f"torch.nn:{m}" for m in TORCH_NN_MODES] + [f"{b}:{m}" for b in models[1:] for m in KCOURSE_MODES]
+    if args.cuda_graph:
+        names += [f"{b}:graphed" for b in models]
+    if args.variants:
+        wanted = args.variants.split(",")
+        bad = [w for w in wanted if w not in MODES and w not in models and w not in ("torch.nn", *skipped)
+               and w.rpartition(":")[2] not in MODES]
+        if bad:
+            raise SystemExit(f"--variants: unknown {', '.join(bad)}; give MODEL:MODE, a MODE ({', '.join(MODES)}) "
+                             f"or a MODEL (torch.nn, {', '.join(args.backends)})")
+        every = [f"{b}:{m}" for b in models for m in MODES]  # a name or a mode may pick a non-default variant
+        chosen = {n for n in every if n in wanted or n.partition(":")[2] in wanted
+                  or (n in names and n.partition(":")[0] in wanted)}
+        if not args.no_baselines:  # each chosen variant's baseline comes along
+            chosen |= {f"torch.nn:{BASELINE[n.partition(':')[2]]}" for n in chosen}
+        names = [n for n in every if n in chosen]
+    if not args.cuda:
+        for n in [n for n in names if n.endswith((":graphed", ":compile-ro"))]:
+            names.remove(n)
+            skipped[n] = "CUDA graphs need CUDA"
+    return names, skipped
 
 
 def batches(args, c: GPTConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -54,30 +141,51 @@ def batches(args, c: GPTConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(s[:, :-1].contiguous().to(args.device), s[:, 1:].contiguous().to(args.device)) for s in seqs]
 
 
-def train_step(model, opt, x, y) -> torch.Tensor:
-    _, loss = model(x, y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss
+def build(name: str, args, c: GPTConfig, initial: dict) -> torch.nn.Module:
+    """The variant's model on the device, loaded with ``initial``; bf16 (--dtype) weights, or float32
+    master weights for the autocast modes."""
+    model_name, _, mode = name.partition(":")
+    dtype = torch.float32 if mode.startswith("autocast") else getattr(torch, args.dtype)
+    with torch.device(args.device):  # initialized there (fast), then overwritten
+        model = torch_reference().GPT(c) if model_name == "torch.nn" else GPT(c, backend=model_name)
+    model.load_state_dict(initial)
+    return model.to(dtype)
 
 
-def graphed_step(model, opt, data, warmup: int):
-    """Warm up on a side stream, capture one training step in a CUDA graph, and return
-    ``step(i)``: copy batch ``i`` into the static inputs, replay, return the static loss."""
+def make_step(model, opt, mode: str, args, data):
+    """``step(i)`` runs one training step on batch ``i % len(data)`` and returns the loss (a tensor)."""
+    autocast = mode.startswith("autocast")
+    forward = model
+    if mode in ("compile", "compile-ro", "autocast+compile"):
+        forward = torch.compile(model, fullgraph=not args.allow_graph_breaks,
+                                mode="reduce-overhead" if mode == "compile-ro" else None)
+
+    def train_step(x, y):
+        if mode == "compile-ro":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs may be overwritten
+        with torch.autocast(torch.device(args.device).type, torch.bfloat16, enabled=autocast):
+            _, loss = forward(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if mode != "graphed":
+        return lambda i: train_step(*data[i % len(data)])
+    # steps 0 and 1 on a side stream (CUDA graphs require it), then capture one whole step
     static_x, static_y = (t.clone() for t in data[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmup):
-            train_step(model, opt, static_x, static_y)
+        for i in range(GRAPH_WARMUP):
+            static_x.copy_(data[i % len(data)][0])
+            static_y.copy_(data[i % len(data)][1])
+            train_step(static_x, static_y)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # the captured backward allocates the gradients in the graph's pool
     with torch.cuda.graph(graph):
-        _, static_loss = model(static_x, static_y)
-        static_loss.backward()
-        opt.step()
+        static_loss = train_step(static_x, static_y)
 
     def step(i):
         x, y = data[i % len(data)]
@@ -89,120 +197,196 @@ def graphed_step(model, opt, data, warmup: int):
     return step
 
 
-def throughput(model, args, c: GPTConfig, graphed: bool) -> dict:
-    cuda = args.device == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, capturable=graphed)
-    data = batches(args, c)
-    if cuda:  # from here: the peak covers a graph's capture, whose activations live in the graph's pool after it
+def run_variant(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
+    mode = name.partition(":")[2]
+    cuda = args.cuda
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
-    if graphed:
-        step = graphed_step(model, opt, data, args.warmup)
-        warmup = 2  # replays: the first one uploads the graph
-    else:
-        step = lambda i: train_step(model, opt, *data[i % len(data)])  # noqa: E731
-        warmup = args.warmup
-    for i in range(warmup):
-        step(i)
-    sync(args.device)
+    model = build(name, args, c, initial)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, capturable=mode == "graphed")
     t0 = time.perf_counter()
-    for i in range(args.steps):
-        loss = step(i)
+    step = make_step(model, opt, mode, args, data)  # graphed: GRAPH_WARMUP steps and the capture
+    done = GRAPH_WARMUP if mode == "graphed" else 0  # every variant trains the same steps on the same batches
+    step(done)
     sync(args.device)
-    elapsed = time.perf_counter() - t0
-    if args.profile and not graphed:
+    first = time.perf_counter() - t0
+    for i in range(done + 1, args.warmup):
+        step(i)
+    times = []
+    if cuda:
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
+        events[0].record()
+        for i in range(args.steps):
+            loss = step(i)
+            events[i + 1].record()
+        torch.cuda.synchronize()
+        times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    else:
+        for i in range(args.steps):
+            t = time.perf_counter()
+            loss = step(i)
+            times.append(time.perf_counter() - t)
+    median = statistics.median(times)
+    result = {"tokens_per_s": args.batch * c.block_size / median, "step_ms": 1e3 * median,
+              "step_ms_mean": 1e3 * statistics.fmean(times), "step_ms_min": 1e3 * min(times),
+              "first_step_s": first, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+              "final_loss": loss.item()}
+    if args.profile:
         profile(step, args)
-    return {"tokens_per_s": args.batch * c.block_size * args.steps / elapsed, "step_ms": 1e3 * elapsed / args.steps,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            "final_loss": loss.item()}
+    return result
 
 
-def measure(model, args, c: GPTConfig, graphed: bool) -> dict:
-    """``throughput`` from the model's initial weights; an error is reported, not raised."""
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
+def measure(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
+    """``run_variant``, with an error reported rather than raised; frees everything afterwards."""
+    print(f"{name} ...", flush=True)
     try:
-        return throughput(model, args, c, graphed)
+        result = run_variant(name, args, c, initial, data)
     except Exception as e:  # one failing variant must not hide the others
-        print(f"  failed: {type(e).__name__}: {e}", flush=True)
-        return {"error": f"{type(e).__name__}: {e}"}
-    finally:
-        model.load_state_dict(initial)
-        model.zero_grad(set_to_none=True)
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+        tail = "".join(traceback.format_exc().splitlines(keepends=True)[-25:])[-4000:]
+        print(f"  failed: {type(e).__name__}: {e}\n{tail}", flush=True)
+        result = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": tail}
+    gc.collect()  # the model, optimizer, graphs and (after an error) the traceback's frames
+    if "compile" in name:
+        torch._dynamo.reset()
+    if args.cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    if "error" not in result:
+        print(f"  {result['tokens_per_s']:,.0f} tokens/s, first step {result['first_step_s']:.2f} s", flush=True)
+    return result
 
 
 def profile(step, args) -> None:
     """Three more steps under torch.profiler; prints the kernels and ops that take the most time."""
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if args.device == "cuda":
+    if args.cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         for i in range(3):
             step(i)
         sync(args.device)
-    key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
+    key = "cuda_time_total" if args.cuda else "cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))
 
 
 def sync(device: str) -> None:
-    if device == "cuda":
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def ratios(results: dict) -> None:
+    """Each variant's tokens/s over its baseline's (``ratio``) and over torch.nn:eager's, in place."""
+    eager = results["variants"].get("torch.nn:eager", {}).get("tokens_per_s")
+    for name, r in results["variants"].items():
+        if "tokens_per_s" not in r:
+            continue
+        mode = name.partition(":")[2]
+        base_name = f"torch.nn:{BASELINE[mode]}"
+        base = results["variants"].get(base_name, {}).get("tokens_per_s")
+        r["baseline"] = base_name
+        r["ratio"] = r["tokens_per_s"] / base if base else None
+        r["vs_torch_nn_eager"] = r["tokens_per_s"] / eager if eager else None
+
+
+def meta(args, c: GPTConfig, n_params: int) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = None, None
+    return {"device": torch.cuda.get_device_name(args.device) if args.cuda else platform.processor() or "cpu",
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "git_commit": commit, "git_dirty": dirty,
+            "arch": args.arch, "dtype": args.dtype, "autocast_dtype": "bfloat16", "batch": args.batch,
+            "block_size": c.block_size, "n_layer": c.n_layer, "n_embd": c.n_embd, "parameters": n_params,
+            "steps": args.steps, "warmup": args.warmup, "fullgraph": not args.allow_graph_breaks}
+
+
+def table(results: dict) -> str:
+    m = results["meta"]
+    lines = [f"{m['parameters'] / 1e6:.1f}M-parameter {m['arch']} GPT, T={m['block_size']}, batch {m['batch']}, "
+             f"{m['device']}, torch {m['torch']}, triton {m['triton']}",
+             f"  {'variant':26s} {'tokens/s':>11s} {'ratio':>6s}  {'baseline':23s} {'ms/step':>8s} {'peak GiB':>8s} "
+             f"{'1st step s':>10s} {'loss':>7s}"]
+    for name, r in results["variants"].items():
+        if "error" in r:
+            lines.append(f"  {name:26s} FAILED: {r['error'].splitlines()[0][:150]}")
+            continue
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") else "-"
+        if r.get("ratio") and not name.startswith("torch.nn:") and r["ratio"] < target(name):
+            ratio += "!"
+        mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
+        lines.append(f"  {name:26s} {r['tokens_per_s']:>11,.0f} {ratio:>7s} {r.get('baseline', ''):23s} "
+                     f"{r['step_ms']:8.1f} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f}")
+    for b, why in results["skipped"].items():
+        lines.append(f"  {b if ':' in b else b + ':*':26s} skipped: {why}")
+    lines.append("  targets (ratio to baseline): eager >= 1.0 (pytorch backend >= 0.97), compile >= 1.0, "
+                 "autocast >= 0.95; ! marks a miss")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--backend", default="triton")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/gpt.json")
+    p.add_argument("--backends", default="pytorch,triton,cute", help="kcourse backends (comma list)")
+    p.add_argument("--backend", dest="backends", help=argparse.SUPPRESS)  # the old spelling
+    p.add_argument("--variants", default=None,
+                   help="comma list of MODEL:MODE names, MODEs or MODELs (all variants matching any); "
+                        "default: every default variant of every backend")
     p.add_argument("--arch", default="gpt2", choices=list(ARCHS))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="weights of the non-autocast variants (autocast ones keep float32 master weights)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before them, the first one included (>= 1)")
     p.add_argument("--tiny", action="store_true", help="a tiny model: a smoke test of this script")
-    p.add_argument("--cuda-graph", action="store_true", help="also time each model's step captured in a CUDA graph")
-    p.add_argument("--profile", action="store_true", help="print where each model's step time goes (torch.profiler)")
+    p.add_argument("--cuda-graph", action="store_true", help="add the graphed variants (a hand-captured CUDA graph)")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="with --variants: run only the variants named, not their torch.nn baselines too")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="start no variant after this many seconds (the rest are recorded as not run)")
+    p.add_argument("--allow-graph-breaks", action="store_true", help="torch.compile without fullgraph=True")
+    p.add_argument("--profile", action="store_true", help="print where each variant's step time goes (torch.profiler)")
     args = p.parse_args(argv)
-    if args.cuda_graph and args.device != "cuda":
+    args.backends = [b for b in args.backends.split(",") if b]
+    args.cuda = torch.device(args.device).type == "cuda"
+    if args.cuda_graph and not args.cuda:
         p.error("--cuda-graph needs --device cuda")
+    if args.warmup < 1 or args.steps < 1:
+        p.error("--warmup and --steps must be >= 1")
+    if args.cuda_graph or (args.variants and "graphed" in args.variants):
+        if args.warmup <= GRAPH_WARMUP:
+            p.error(f"graphed variants need --warmup > {GRAPH_WARMUP} (eager steps before the capture)")
+    names, skipped = variant_names(args)
 
     c = config(args)
-    dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    ours = GPT(c, backend=args.backend).to(args.device, dtype)
-    theirs = torch_reference.GPT(c).to(args.device, dtype)
-    theirs.load_state_dict(ours.state_dict())
-    n_params = sum(q.numel() for q in ours.parameters())
-    results = {"meta": {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-                        "torch": torch.__version__, "arch": args.arch, "dtype": args.dtype, "batch": args.batch,
-                        "block_size": c.block_size, "parameters": n_params, "steps": args.steps}}
-    kc = f"kcourse/{args.backend}"
-    variants = [("torch.nn", theirs, False), (kc, ours, False)]
-    if args.cuda_graph:
-        variants[1:1] = [("torch.nn graphed", theirs, True)]
-        variants.append((f"{kc} graphed", ours, True))
-    for name, model, graphed in variants:
-        print(f"{name} ...", flush=True)
-        results[name] = measure(model, args, c, graphed)
-    base = results["torch.nn"].get("tokens_per_s")
-    ratios = {name: results[name]["tokens_per_s"] / base for name, _, _ in variants[1:]
-              if base and "tokens_per_s" in results[name]}
-    results["speedup_vs_torch_nn"] = ratios.get(kc)  # kcourse eager / torch.nn eager, as before --cuda-graph
-    results["ratios_vs_torch_nn_eager"] = ratios
+    model = GPT(c)
+    initial = model.state_dict()  # float32 on the CPU; every variant starts from these weights
+    n_params = sum(t.numel() for t in model.parameters())
+    del model
+    data = batches(args, c)
+    results = {"meta": meta(args, c, n_params), "skipped": skipped, "variants": {}}
+    for b, why in skipped.items():
+        print(f"{b}: skipped: {why}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpt.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"{n_params / 1e6:.1f}M-parameter {args.arch} GPT, T={c.block_size}, batch {args.batch}, {args.dtype}:")
-    for name, _, _ in variants:
-        r = results[name]
-        if "error" in r:
-            print(f"  {name:24s} {r['error']}")
+    start = time.perf_counter()
+    for name in names:
+        if args.time_limit and time.perf_counter() - start > args.time_limit:
+            results["variants"][name] = {"error": f"not run: --time-limit {args.time_limit:g} s reached"}
             continue
-        mem = f", peak {r['peak_memory_gib']:.2f} GiB" if r["peak_memory_gib"] is not None else ""
-        ratio = f"  {ratios[name]:.2f}x torch.nn eager" if name in ratios else ""
-        print(f"  {name:24s} {r['tokens_per_s']:>12,.0f} tokens/s  {r['step_ms']:8.1f} ms/step{mem}, "
-              f"loss {r['final_loss']:.4f}{ratio}")
-    print("  target: kcourse (graphed) / torch.nn eager >= 1.0")
+        results["variants"][name] = measure(name, args, c, initial, data)
+        ratios(results)
+        (args.out / "gpt.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results), flush=True)
     return results
 
 

@@ -21,10 +21,21 @@ device (AdamW(capturable=True), a tensor lr filled in each step) with or without
 flag changes how the step is launched, never what it computes.
 
     python examples/train_gpt.py --backend triton --device cuda --steps 2000 --out runs/gpt-gpu --cuda-graph
+
+--amp runs the forward under torch.autocast(bfloat16) with float32 master weights (how nanoGPT
+trains): matrix products and attention in bfloat16, softmax, norms and the loss in float32. It is on
+by default on CUDA with the default --dtype float32 (--no-amp turns it off) and off on the CPU
+(--amp turns it on there too). --compile runs the training step's forward and backward through
+torch.compile(model, fullgraph=True); --compile-mode reduce-overhead (CUDA only; implies --compile)
+lets inductor replay them as CUDA graphs, the compiled counterpart of --cuda-graph, which cannot be
+combined with --compile. Evaluation and sampling run the model uncompiled (under autocast with --amp).
+
+    python examples/train_gpt.py --backend triton --device cuda --steps 2000 --out runs/gpt-gpu --compile
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sysconfig
@@ -89,9 +100,27 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--cuda-graph", action="store_true",
                    help=f"replay the training step as a CUDA graph after {WARMUP} eager steps (same losses)")
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                   help="forward under torch.autocast(bfloat16), float32 master weights "
+                        "(default: on on CUDA with --dtype float32, else off)")
+    p.add_argument("--compile", action="store_true", help="torch.compile(model, fullgraph=True) for training")
+    p.add_argument("--compile-mode", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile's mode (implies --compile); reduce-overhead and max-autotune need CUDA")
     args = p.parse_args(argv)
-    if args.cuda_graph and torch.device(args.device).type != "cuda":
+    cuda = torch.device(args.device).type == "cuda"
+    if args.cuda_graph and not cuda:
         p.error("--cuda-graph needs a CUDA --device")
+    if args.amp is None:
+        args.amp = cuda and args.dtype == "float32"
+    elif args.amp and args.dtype != "float32":
+        p.error("--amp keeps float32 master weights: use it with --dtype float32 (the default), or pass --no-amp")
+    if args.compile_mode is not None:
+        args.compile = True
+    if args.compile_mode in ("reduce-overhead", "max-autotune") and not cuda:
+        p.error(f"--compile-mode {args.compile_mode} makes CUDA graphs: it needs a CUDA --device")
+    if args.compile and args.cuda_graph:
+        p.error("--cuda-graph captures an eager step; with --compile use --compile-mode reduce-overhead instead")
     return args
 
 
@@ -136,8 +165,18 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
-def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    _, loss = model(x, y)
+def autocast(args):
+    """The context the forward runs in: torch.autocast(bfloat16) with --amp, else nothing."""
+    if not args.amp:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)
+
+
+def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               amp=contextlib.nullcontext) -> torch.Tensor:
+    """One step; ``amp()`` makes the context of the forward (``lambda: autocast(args)``)."""
+    with amp():
+        _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -155,7 +194,8 @@ def on_side_stream(side: torch.cuda.Stream, fn, *args):
     return out
 
 
-def capture(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor):
+def capture(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+            amp=contextlib.nullcontext):
     """One training step captured in a CUDA graph; returns ``step(x, y) -> loss`` that copies the
     batch into the graph's static inputs and replays it (the returned loss is the graph's own
     tensor, overwritten by the next replay)."""
@@ -163,7 +203,8 @@ def capture(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: to
     graph = torch.cuda.CUDAGraph()
     optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients in the graph's pool
     with torch.cuda.graph(graph):
-        _, static_loss = model(static_x, static_y)
+        with amp():
+            _, static_loss = model(static_x, static_y)
         static_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -199,10 +240,21 @@ def train(args) -> list[float]:
 
     entropy = unigram_entropy(train_data)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"backend {args.backend} on {args.device} ({args.dtype}); {n_params / 1e6:.2f}M parameters; "
-          f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats")
+    compiled = f", torch.compile (mode {args.compile_mode or 'default'})" if args.compile else ""
+    print(f"backend {args.backend} on {args.device} ({args.dtype} weights{', autocast bfloat16' if args.amp else ''}"
+          f"{compiled}{', CUDA graph' if args.cuda_graph else ''}); {n_params / 1e6:.2f}M parameters; "
+          f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats", flush=True)
     end = min(args.steps, args.stop_at) if args.stop_at else args.steps
     steps = range(start, end)
+    forward = model
+    if args.compile:
+        mode = None if args.compile_mode in (None, "default") else args.compile_mode
+        forward = torch.compile(model, fullgraph=True, mode=mode)
+    amp = lambda: autocast(args)  # noqa: E731
+    slow_start = args.compile or args.cuda_graph or (args.backend in ("triton", "cute") and args.device != "cpu")
+    if slow_start and start < end:
+        what = "torch.compile" if args.compile else "compiling and tuning kernels"
+        print(f"the first step{'s' if args.cuda_graph else ''} may take a minute ({what}) ...", flush=True)
     bar = None
     if not args.quiet:
         from tqdm import tqdm
@@ -212,19 +264,26 @@ def train(args) -> list[float]:
     for step in steps:
         x, y = batch(train_data, args.batch_size, args.block_size, gen, args.device)
         set_lr(optimizer, lr_at(step, args))
+        if args.compile:
+            torch.compiler.cudagraph_mark_step_begin()  # reduce-overhead: a new step's graphs may reuse memory
         if not args.cuda_graph:
-            loss = train_step(model, optimizer, x, y)
+            loss = train_step(forward, optimizer, x, y, amp)
         elif step - start < WARMUP:
-            loss = on_side_stream(side, train_step, model, optimizer, x, y)
+            loss = on_side_stream(side, train_step, model, optimizer, x, y, amp)
         else:
             if graphed is None:
-                graphed = capture(model, optimizer, x, y)
+                graphed = capture(model, optimizer, x, y, amp)
             loss = graphed(x, y)
         losses.append(loss.item())
-        tokens += x.numel()
+        if step == start and slow_start:
+            (bar.write if bar is not None else print)(f"first step: {time.perf_counter() - t0:.1f} s")
+            tokens, t0 = 0, time.perf_counter()  # tokens/s from here: the compile time is not throughput
+        else:
+            tokens += x.numel()
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / (time.perf_counter() - t0):,.0f}")
+            elapsed = time.perf_counter() - t0
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / elapsed:,.0f}" if tokens else "-")
     if bar is not None:
         bar.close()
 
@@ -238,7 +297,8 @@ def train(args) -> list[float]:
     plot(losses, entropy, args.out / "loss.png")
     if args.sample:
         prompt = torch.tensor([list(b"def ")], device=args.device)
-        text = model.generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
+        with autocast(args):
+            text = model.generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
         print("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
     return losses
 
@@ -249,7 +309,8 @@ def evaluate(model: GPT, data: torch.Tensor, args, batches: int = 8) -> float:
     total = 0.0
     for _ in range(batches):
         x, y = batch(data, args.batch_size, args.block_size, gen, args.device)
-        total += model(x, y)[1].item()
+        with autocast(args):
+            total += model(x, y)[1].item()
     return total / batches
 
 

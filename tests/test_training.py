@@ -77,3 +77,17 @@ def test_train_mlp_reaches_95_percent():
     pytest.importorskip("sklearn", reason="scikit-learn provides the digits data set (pip install -e '.[dev]')")
     accuracy = example("train_mlp").main(["--backend", "pytorch", "--device", DEVICE])
     assert accuracy >= 0.95
+
+
+def test_train_gpt_amp_and_compile_options():
+    """--amp defaults to CUDA with float32 weights; combinations that cannot work are refused."""
+    train_gpt = example("train_gpt")
+    parse = train_gpt.parse_args
+    assert not parse(["--device", "cpu"]).amp and parse(["--device", "cpu", "--amp"]).amp
+    assert parse(["--device", "cuda"]).amp and not parse(["--device", "cuda", "--no-amp"]).amp
+    assert not parse(["--device", "cuda", "--dtype", "bfloat16"]).amp
+    assert parse(["--device", "cuda", "--compile-mode", "reduce-overhead"]).compile
+    for bad in (["--device", "cuda", "--dtype", "bfloat16", "--amp"], ["--device", "cuda", "--compile", "--cuda-graph"],
+                ["--device", "cpu", "--compile-mode", "reduce-overhead"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
