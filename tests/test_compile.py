@@ -1,0 +1,189 @@
+"""torch.compile of kcourse models (issue 28, item 2): GPT (GPT-2-like and Llama-like) and every
+module trace whole (``fullgraph=True``, no graph break) and give eager's loss and gradients;
+dynamic batch and sequence length recompile at most once per shape class; the backend switch is a
+guard; a traced call with bad arguments raises the eager error.
+
+Compiled on CPU with inductor (one case per backend: ~15 s each), otherwise with aot_eager (which
+still traces forward and backward through the fake implementations, functionalized)."""
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.backends.registry import lookup_backend
+
+import kcourse
+import kcourse.backend as backend_module
+from kcourse import blas
+from kcourse.modules import GPT, MLP, Attention, Block, GPTConfig, LayerNorm, Linear, RMSNorm, SwiGLU
+from _util import DEVICE, require_backend
+from test_step import ARCHS, batches, make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Counting:
+    """A torch.compile backend that counts the graphs it compiles and runs them through aot_eager."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def loss_and_grads(model, x, y, run=None):
+    """The loss of ``run`` (default: ``model``) and the gradient of each of ``model``'s parameters."""
+    model.zero_grad(set_to_none=True)
+    _, loss = (model if run is None else run)(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_rel(actual, expected, rtol=1e-5):
+    """``actual`` within ``rtol`` of ``expected``, relative to the tensor's largest magnitude."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * scale)
+
+
+# (backend, arch, compiler): one inductor case per eager backend, the rest aot_eager
+GPT_CASES = [("python", "gpt2", "inductor"), ("python", "llama", "aot_eager"),
+             ("pytorch", "gpt2", "aot_eager"), ("pytorch", "llama", "inductor"),
+             ("triton", "gpt2", "aot_eager"),
+             pytest.param("triton", "llama", "aot_eager", marks=pytest.mark.slow)]  # ~30 s in the interpreter
+
+
+@pytest.mark.parametrize("name, arch, compiler", GPT_CASES)
+def test_gpt_compiles_whole_and_matches_eager(name, arch, compiler):
+    require_backend(name)
+    model, _ = make(name, arch)
+    x, y = batches(1)[0]
+    if name == "triton" and DEVICE == "cpu":  # the interpreter: one layer, fewer tokens
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=4, n_embd=32, **ARCHS[arch]),
+                    backend=name)
+        x, y = x[:2, :8].contiguous(), y[:2, :8].contiguous()
+    if name != "triton":  # through the interpreter explain's extra run costs ~10 s; fullgraph=True below
+        explained = torch._dynamo.explain(model)(x, y)  # fails on any graph break anyway
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1
+        torch._dynamo.reset()
+    loss, grads = loss_and_grads(model, x, y)
+    compiled = torch.compile(model, backend=compiler, fullgraph=True)
+    loss_c, grads_c = loss_and_grads(model, x, y, compiled)
+    assert_rel(loss_c, loss)
+    assert grads_c.keys() == grads.keys()
+    for n in grads:
+        assert_rel(grads_c[n], grads[n])
+
+
+def module_cases():
+    gpt2 = GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=4, n_embd=32)
+    llama = GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=4, n_embd=32, **ARCHS["llama"])
+    return {
+        "linear": lambda: Linear(32, 24),
+        "layernorm": lambda: LayerNorm(32),
+        "rmsnorm": lambda: RMSNorm(32),
+        "mlp": lambda: MLP(32, 64),
+        "swiglu": lambda: SwiGLU(32, 64),
+        "attention_gqa_rope": lambda: Attention(32, 4, 2, rope=True),
+        "block_gpt2": lambda: Block(gpt2),
+        "block_llama": lambda: Block(llama),
+    }
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "block_llama" else c
+                                  for c in module_cases()])  # block_llama's parts are cases of their own
+def test_module_compiles_whole_and_matches_eager(case):
+    torch.manual_seed(0)
+    with kcourse.use_backend("pytorch"):
+        module = module_cases()[case]().to(DEVICE)
+    x = torch.randn(2, 7, 32, device=DEVICE, requires_grad=True)
+    seed = torch.randn(2, 7, module(x).shape[-1], device=DEVICE)
+
+    def run(m):
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+        out = m(x)
+        (out * seed).sum().backward()
+        return out.detach(), x.grad.clone(), {n: p.grad.clone() for n, p in module.named_parameters()}
+
+    with kcourse.use_backend("pytorch"):
+        out, dx, grads = run(module)
+        out_c, dx_c, grads_c = run(torch.compile(module, backend="aot_eager", fullgraph=True))
+    assert_rel(out_c, out)
+    assert_rel(dx_c, dx)
+    assert grads_c.keys() == grads.keys()
+    for n in grads:
+        assert_rel(grads_c[n], grads[n])
+
+
+# BUG (kcourse/blas/_library.py, _row_stats: the fake per-row statistics of layer_norm, rms_norm and
+# cross_entropy): ``x.new_empty(x.shape[:-1].numel(), ...)``: torch.Size.numel() of symbolic sizes
+# evaluates them, adding the guards Eq(B, 3) and Eq(T, 13), so every new batch size or sequence
+# length recompiles (6 graphs for the 6 shapes here). With math.prod(x.shape[:-1]) it is 3 graphs.
+@pytest.mark.xfail(strict=True, reason="_row_stats' fake uses torch.Size.numel(), which specializes "
+                                       "dynamic batch and sequence sizes: one graph per shape")
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama" else a for a in ARCHS])
+def test_dynamic_shapes_recompile_once_per_shape_class(arch):
+    # forward only (the gradients of compiled GPTs are compared above): the count is made there
+    model, _ = make("pytorch", arch)
+    counting = Counting()
+    compiled = torch.compile(model, backend=counting, dynamic=None, fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    # the first shape compiles a static graph; a second batch size makes the batch dynamic, a
+    # second sequence length the length: (B, T) -> graphs compiled so far, at most
+    shapes = {(2, 8): 1, (3, 8): 2, (5, 8): 2, (2, 13): 3, (3, 13): 3, (5, 13): 3}
+    with torch.no_grad():
+        for (B, T), most in shapes.items():
+            x = torch.randint(0, 40, (B, T), generator=gen).to(DEVICE)
+            y = torch.randint(0, 40, (B, T), generator=gen).to(DEVICE)
+            logits_c, loss_c = compiled(x, y)
+            assert counting.graphs <= most, ((B, T), counting.graphs)
+            logits, loss = model(x, y)
+            assert_rel(logits_c, logits)
+            assert_rel(loss_c, loss)
+
+
+def test_use_backend_switch_recompiles_and_runs_the_new_backend(monkeypatch):
+    ran = []
+    real = backend_module.resolve
+    monkeypatch.setattr(backend_module, "resolve", lambda op, name=None: ran.append((op, name)) or real(op, name))
+    counting = Counting()
+    f = torch.compile(lambda A, B: blas.softmax(blas.gemm(A, B)), backend=counting, fullgraph=True)
+    A, B = torch.randn(3, 4, device=DEVICE), torch.randn(4, 5, device=DEVICE)
+    expected = torch.softmax(A @ B, -1)
+    for name, graphs in (("python", 1), ("pytorch", 2), ("python", 2), ("pytorch", 2)):
+        ran.clear()
+        with kcourse.use_backend(name):
+            torch.testing.assert_close(f(A, B), expected)
+        assert counting.graphs == graphs
+        assert {b for _, b in ran} == {name}, ran
+        assert {op for op, _ in ran} == {"gemm", "softmax"}, ran
+    # the backend= argument is part of the graph too: no guard needed, and no leak of the block
+    g = torch.compile(lambda A, B: blas.gemm(A, B, backend="python"), backend="aot_eager", fullgraph=True)
+    ran.clear()
+    with kcourse.use_backend("pytorch"):
+        g(A, B)
+    assert {b for _, b in ran} == {"python"}, ran
+
+
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+@pytest.mark.parametrize("case", ["gemm_inner", "gemv_x", "attention_heads", "softmax_dim"])
+def test_compiled_invalid_arguments_raise_the_eager_error(name, case):
+    t = lambda *s: torch.randn(*s, device=DEVICE)  # noqa: E731
+    call, inputs = {
+        "gemm_inner": (lambda A, B: blas.gemm(A, B, backend=name), (t(3, 4), t(5, 6))),
+        "gemv_x": (lambda A, x: blas.gemv(A, x, backend=name), (t(3, 4), t(3))),
+        "attention_heads": (lambda q, k: blas.attention(q, k, k, backend=name), (t(1, 3, 4, 8), t(1, 2, 4, 8))),
+        "softmax_dim": (lambda x: blas.softmax(x, 3, backend=name), (t(3, 4),)),
+    }[case]
+    with pytest.raises(ValueError) as eager:
+        call(*inputs)
+    with pytest.raises(ValueError) as compiled:
+        torch.compile(call, backend="aot_eager", fullgraph=False)(*inputs)
+    assert str(compiled.value) == str(eager.value)
