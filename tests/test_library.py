@@ -389,9 +389,9 @@ def test_alpha_zero_reads_no_operand(name):
     C, y, A = torch.randn(3, 5, device=DEVICE), torch.randn(3, device=DEVICE), torch.randn(3, 4, device=DEVICE)
     same = dict(rtol=0, atol=0)
     torch.testing.assert_close(blas.gemm(nan(3, 4), nan(4, 5), C, 0.0, 2.0, backend=name), 2 * C, **same)
-    torch.testing.assert_close(blas.gemm(nan(3, 4), nan(4, 5), None, 0.0, 0.0, backend=name), torch.zeros(3, 5), **same)
+    torch.testing.assert_close(blas.gemm(nan(3, 4), nan(4, 5), None, 0.0, 0.0, backend=name), torch.zeros(3, 5, device=DEVICE), **same)
     torch.testing.assert_close(blas.gemm(nan(3, 4), nan(4, 5), nan(3, 5), 0.0, 0.0, backend=name),
-                               torch.zeros(3, 5), **same)
+                               torch.zeros(3, 5, device=DEVICE), **same)
     torch.testing.assert_close(blas.gemm(nan(2, 3, 4), nan(4, 5), C[0], 0.0, 0.5, backend=name),
                                (0.5 * C[0]).expand(2, 3, 5), **same)
     torch.testing.assert_close(blas.gemm_(nan(3, 4), nan(4, 5), C.clone(), 0.0, -1.0, backend=name), -C, **same)
