@@ -396,8 +396,8 @@ def test_alpha_zero_reads_no_operand(name):
                                (0.5 * C[0]).expand(2, 3, 5), **same)
     torch.testing.assert_close(blas.gemm_(nan(3, 4), nan(4, 5), C.clone(), 0.0, -1.0, backend=name), -C, **same)
     torch.testing.assert_close(blas.gemv(nan(3, 4), nan(4), y, 0.0, 3.0, backend=name), 3 * y, **same)
-    torch.testing.assert_close(blas.gemv(nan(3, 4), nan(4), None, 0.0, 0.0, backend=name), torch.zeros(3), **same)
-    torch.testing.assert_close(blas.gemv_(nan(3, 4), nan(4), y.clone(), 0.0, 0.0, backend=name), torch.zeros(3), **same)
+    torch.testing.assert_close(blas.gemv(nan(3, 4), nan(4), None, 0.0, 0.0, backend=name), torch.zeros(3, device=DEVICE), **same)
+    torch.testing.assert_close(blas.gemv_(nan(3, 4), nan(4), y.clone(), 0.0, 0.0, backend=name), torch.zeros(3, device=DEVICE), **same)
     torch.testing.assert_close(blas.geru(A, nan(3), nan(4), 0.0, backend=name), A, **same)
     torch.testing.assert_close(blas.geru_(A.clone(), nan(3), nan(4), 0.0, backend=name), A, **same)
 
