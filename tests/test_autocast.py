@@ -87,30 +87,12 @@ def _cases(low):
     }
 
 
-# BUG (kcourse/blas/_library.py, AUTOCAST): the table follows torch's CUDA autocast policy on every
-# device. torch's CPU policy differs: mv, addmv and addr are not in CPU autocast's lower-precision
-# list (torch.mv / torch.addr stay float32 under autocast("cpu")), and softmax, log_softmax,
-# layer_norm and rms_norm are not in its float32 list (a bfloat16 input gives a bfloat16 output,
-# where kcourse gives float32). So under autocast("cpu") these outputs' dtypes differ from torch's.
-CPU_POLICY_BUG = {"gemv", "geru", "softmax_low", "log_softmax_low", "layer_norm_low", "rms_norm_low"}
-
-
-# BUG (kcourse/blas/__init__.py + _check.same_kind): the public ops validate that all tensors share
-# one dtype *before* the custom op's autocast rule casts them, so under autocast a float32 weight
-# against a bfloat16 activation is refused: "TypeError: gemm: A is torch.bfloat16 but B is
-# torch.float32; all tensors must share one dtype" (the error issue 28 reports), likewise
-# "axpby: x is torch.bfloat16 but y is torch.float32" for the residual add. A GPT with float32
-# weights cannot run under autocast at all.
-MIXED_BUG = pytest.mark.xfail(strict=True, raises=TypeError,
-                              reason="public API's dtype check runs before the autocast cast: mixed dtypes refused")
-MIXED = {"gemm_mixed", "axpby_mixed"}
+# On CPU these follow torch's CPU autocast lists (mv, addr, softmax and the norms are not in them),
+# on CUDA torch's CUDA lists: kcourse.blas._library.AUTOCAST keeps one table per device.
 
 
 def _params():
-    cpu_bug = pytest.mark.xfail(strict=True, reason="AUTOCAST applies torch's CUDA policy under autocast('cpu'): "
-                                "mv/addr are not lowered and softmax/norms are not float32 in torch's CPU policy")
-    return [pytest.param(c, marks=[cpu_bug] if c in CPU_POLICY_BUG else [MIXED_BUG] if c in MIXED else [])
-            for c in _cases(torch.bfloat16)]
+    return list(_cases(torch.bfloat16))
 
 
 @pytest.mark.parametrize("name", EAGER)
@@ -160,7 +142,6 @@ def test_float64_is_never_cast(name, dtype):
     torch.testing.assert_close(inside, blas.gemm(A, B, backend=name), rtol=0, atol=0)
 
 
-@MIXED_BUG
 @pytest.mark.parametrize("name", EAGER)
 def test_gradients_reach_float32_leaves_as_float32(name):
     torch.manual_seed(0)
@@ -183,7 +164,6 @@ def test_gradients_reach_float32_leaves_as_float32(name):
         assert torch.isfinite(leaf.grad).all()
 
 
-@MIXED_BUG
 @pytest.mark.parametrize("name", EAGER)
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_gpt_under_autocast_matches_torch_nn(name, arch):

@@ -122,12 +122,6 @@ def test_module_compiles_whole_and_matches_eager(case):
         assert_rel(grads_c[n], grads[n])
 
 
-# BUG (kcourse/blas/_library.py, _row_stats: the fake per-row statistics of layer_norm, rms_norm and
-# cross_entropy): ``x.new_empty(x.shape[:-1].numel(), ...)``: torch.Size.numel() of symbolic sizes
-# evaluates them, adding the guards Eq(B, 3) and Eq(T, 13), so every new batch size or sequence
-# length recompiles (6 graphs for the 6 shapes here). With math.prod(x.shape[:-1]) it is 3 graphs.
-@pytest.mark.xfail(strict=True, reason="_row_stats' fake uses torch.Size.numel(), which specializes "
-                                       "dynamic batch and sequence sizes: one graph per shape")
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama" else a for a in ARCHS])
 def test_dynamic_shapes_recompile_once_per_shape_class(arch):
     # forward only (the gradients of compiled GPTs are compared above): the count is made there

@@ -187,19 +187,8 @@ def _metadata(out):
     return (tuple(out.shape), out.dtype, out.stride(), out.device)
 
 
-# BUG (kcourse/blas/_check.py, the in-place alias check): ``_span`` reads ``t.data_ptr()``, which
-# is 0 for every FakeTensor (torch warns it is deprecated and will error), so under FakeTensorMode
-# (and so under torch.compile) an in-place public op with a second tensor argument sees its target
-# "overlap" its input and raises "ValueError: copy_: the target y (3, 4) overlaps the input x (3, 4)
-# in memory". scal_ (one tensor) is not affected.
-FAKE_ALIAS_BUG = pytest.mark.xfail(strict=True, raises=ValueError,
-                                   reason="_check's overlap test reads FakeTensor.data_ptr() (always 0): "
-                                          "in-place ops with two tensors falsely 'overlap' under FakeTensorMode")
-
-
 def _public_params():
-    return [pytest.param(c, id=c[0], marks=[FAKE_ALIAS_BUG] if c[0] in ("copy_", "swap_", "axpby_", "gemv_",
-                                                                       "geru_", "gemm_") else [])
+    return [pytest.param(c, id=c[0], marks=[])
             for c in _public_cases()]
 
 
@@ -428,13 +417,6 @@ def test_gemm_batch_of_zero(name):
         assert blas.gemm(fA, fB, backend=name).shape == (0, 3, 5)
 
 
-# BUG (kcourse/blas/_check.py, check_gemm): the batch of the output is computed as max(ba, bb), which
-# is 1 for a batch of 0 against a 2-D operand (gemm_shape in _library.py says 0, as torch.matmul).
-# So a C of the output's full shape (0, m, n) is refused: gemm_ into a (0, 3, 5) target raises
-# "the target C must be (1, 3, 5)", and gemm(A (0,3,4), B (4,5), C (0,3,5), beta=1) raises
-# "C must broadcast to the output shape (1, 3, 5)".
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="check_gemm: batch = max(ba, bb) gives 1 for batch 0 vs a 2-D operand")
 @pytest.mark.parametrize("name", ALL)
 def test_gemm_batch_of_zero_full_C(name):
     require_backend(name)

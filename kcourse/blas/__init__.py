@@ -1,6 +1,7 @@
 """kcourse.blas: the public functional API.
 
-Every op resolves its backend (``kcourse.backend.backend_for``), validates its arguments
+Every op resolves its backend (``kcourse.backend.backend_for``), casts its inputs as an active
+``torch.autocast`` would (``autocast_inputs``: torch's policy for the op it stands for), validates its arguments
 (``_check``, before anything is written) and runs the custom op ``torch.ops.kcourse.<op>``
 (``_library.call``: eagerly without the dispatcher's overhead), passing the backend by name. The kernel has one calling convention on every
 backend: inputs first, then scalars, then ``out``, the tensor it writes. An out-of-place op writes
@@ -16,12 +17,48 @@ import torch
 
 from ..backend import backend_for
 from . import _check
-from ._library import call
+from ._library import autocast_inputs, call
 
 __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_", "dot",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
            "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
            "swiglu", "embedding", "rope", "attention"]
+
+
+_VALID: dict = {}  # (check, the arguments' signature) -> what the check returned
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _validated(check, backend: str, *args):
+    """``check(backend, *args)``, run once per signature: the tensors' shapes, strides, dtypes and
+    devices and the other arguments' values (every check reads only those). Under torch.compile
+    the check runs as written, traced like the rest of the call."""
+    if torch.compiler.is_compiling():
+        return check(backend, *args)
+    key = [check, backend]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key += (a.shape, a.stride(), a.dtype, a.device)
+        elif type(a) in _SCALARS:
+            key.append(a)
+        else:  # a 0-d tensor as a scalar, say: not a signature to keep
+            return check(backend, *args)
+    key = tuple(key)
+    result = _VALID.get(key, _VALID)
+    if result is _VALID:
+        result = check(backend, *args)
+        if len(_VALID) > 4096:
+            _VALID.clear()
+        _VALID[key] = result
+    return result
+
+
+def _check_gelu(backend, x, approximate):
+    return _check.check_activation(backend, "gelu", x, approximate=approximate)
+
+
+def _check_log_softmax(backend, x, dim):
+    return _check.check_softmax(backend, x, dim, op="log_softmax")
 
 
 def _inplace(op: str, *tensors) -> None:
@@ -36,7 +73,7 @@ def _inplace(op: str, *tensors) -> None:
 def copy(x, backend=None):
     """``y = x``: a new tensor with the values of ``x``."""
     name = backend_for("copy", backend)
-    _check.check_copy(name, x)
+    _validated(_check.check_copy, name, x)
     return call("copy", x, name)
 
 
@@ -52,7 +89,8 @@ def copy_(x, y, backend=None):
 def swap(x, y, backend=None):
     """``(x', y') = (y, x)``: new tensors holding the values of ``y`` and of ``x``."""
     name = backend_for("swap", backend)
-    _check.check_swap(name, x, y)
+    x, y = autocast_inputs("swap", x, y)
+    _validated(_check.check_swap, name, x, y)
     return call("swap", x, y, name)
 
 
@@ -68,7 +106,7 @@ def swap_(x, y, backend=None):
 def scal(x, alpha, backend=None):
     """``alpha * x``."""
     name = backend_for("scal", backend)
-    _check.check_scal(name, x, alpha)
+    _validated(_check.check_scal, name, x, alpha)
     return call("scal", x, float(alpha), name)
 
 
@@ -84,7 +122,8 @@ def scal_(x, alpha, backend=None):
 def axpby(x, y, alpha=1.0, beta=1.0, backend=None):
     """``alpha * x + beta * y`` (``y`` is not read when ``beta == 0``)."""
     name = backend_for("axpby", backend)
-    _check.check_axpby(name, x, y, alpha, beta)
+    x, y = autocast_inputs("axpby", x, y)
+    _validated(_check.check_axpby, name, x, y, alpha, beta)
     return call("axpby", x, y, float(alpha), float(beta), name)
 
 
@@ -100,7 +139,8 @@ def axpby_(x, y, alpha=1.0, beta=1.0, backend=None):
 def dot(x, y, backend=None):
     """``x^T y`` as a 0-d tensor of the inputs' dtype, accumulated in float32 (float64 for float64)."""
     name = backend_for("dot", backend)
-    _check.check_dot(name, x, y)
+    x, y = autocast_inputs("dot", x, y)
+    _validated(_check.check_dot, name, x, y)
     return call("dot", x, y, name)
 
 
@@ -109,7 +149,8 @@ def dot(x, y, backend=None):
 def gemv(A, x, y=None, alpha=1.0, beta=0.0, backend=None):
     """``alpha * A x + beta * y`` for ``A (m, n)``, ``x (n,)``, ``y (m,)`` (not read when ``beta == 0``)."""
     name = backend_for("gemv", backend)
-    _check.check_gemv(name, A, x, y, alpha, beta)
+    A, x, y = autocast_inputs("gemv", A, x, y)
+    _validated(_check.check_gemv, name, A, x, y, alpha, beta)
     return call("gemv", A, x, y, float(alpha), float(beta), name)
 
 
@@ -125,7 +166,8 @@ def gemv_(A, x, y, alpha=1.0, beta=0.0, backend=None):
 def geru(A, x, y, alpha=1.0, backend=None):
     """``A + alpha * x y^T`` for ``A (m, n)``, ``x (m,)``, ``y (n,)``."""
     name = backend_for("geru", backend)
-    _check.check_geru(name, A, x, y, alpha)
+    A, x, y = autocast_inputs("geru", A, x, y)
+    _validated(_check.check_geru, name, A, x, y, alpha)
     return call("geru", A, x, y, float(alpha), name)
 
 
@@ -149,7 +191,8 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, backend=None):
     ``torch.backends.cuda.matmul.allow_tf32`` is on.
     """
     name = backend_for("gemm", backend)
-    _check.check_gemm(name, A, B, C, alpha, beta)
+    A, B, C = autocast_inputs("gemm", A, B, C)
+    _validated(_check.check_gemm, name, A, B, C, alpha, beta)
     return call("gemm", A, B, C, float(alpha), float(beta), name)
 
 
@@ -168,13 +211,15 @@ def gemm_(A, B, C, alpha=1.0, beta=0.0, backend=None):
 def softmax(x, dim=-1, backend=None):
     """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` along ``dim``."""
     name = backend_for("softmax", backend)
-    return call("softmax", x, _check.check_softmax(name, x, dim)["dim"], name)[0]
+    x, = autocast_inputs("softmax", x)
+    return call("softmax", x, _validated(_check.check_softmax, name, x, dim)["dim"], name)[0]
 
 
 def log_softmax(x, dim=-1, backend=None):
     """``y_i = x_i - max x - log sum_j exp(x_j - max x)`` along ``dim``."""
     name = backend_for("log_softmax", backend)
-    return call("log_softmax", x, _check.check_softmax(name, x, dim, op="log_softmax")["dim"], name)[0]
+    x, = autocast_inputs("log_softmax", x)
+    return call("log_softmax", x, _validated(_check_log_softmax, name, x, dim)["dim"], name)[0]
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=None):
@@ -184,6 +229,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=N
     rows, ``"sum"`` adds them, ``"none"`` returns the ``(N,)`` losses (0 for ignored rows).
     """
     name = backend_for("cross_entropy", backend)
+    logits, = autocast_inputs("cross_entropy", logits)
     p = _check.check_cross_entropy(name, logits, target, ignore_index, reduction)
     return call("cross_entropy", logits, target, p["ignore_index"], p["reduction"], name)[0]
 
@@ -191,41 +237,44 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", backend=N
 def layer_norm(x, weight=None, bias=None, eps=1e-5, backend=None):
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension (biased variance)."""
     name = backend_for("layer_norm", backend)
-    p = _check.check_layer_norm(name, x, weight, bias, eps)
+    x, weight, bias = autocast_inputs("layer_norm", x, weight, bias)
+    p = _validated(_check.check_layer_norm, name, x, weight, bias, eps)
     return call("layer_norm", x, weight, bias, p["eps"], name)[0]
 
 
 def rms_norm(x, weight=None, eps=1e-6, backend=None):
     """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
     name = backend_for("rms_norm", backend)
-    return call("rms_norm", x, weight, _check.check_rms_norm(name, x, weight, eps)["eps"], name)[0]
+    x, weight = autocast_inputs("rms_norm", x, weight)
+    return call("rms_norm", x, weight, _validated(_check.check_rms_norm, name, x, weight, eps)["eps"], name)[0]
 
 
 def gelu(x, approximate="none", backend=None):
     """``x * Phi(x)`` (``approximate="tanh"``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
     name = backend_for("gelu", backend)
-    p = _check.check_activation(name, "gelu", x, approximate=approximate)
+    p = _validated(_check_gelu, name, x, approximate)
     return call("gelu", x, p["approximate"], name)[0]
 
 
 def silu(x, backend=None):
     """``x * sigmoid(x)``."""
     name = backend_for("silu", backend)
-    _check.check_activation(name, "silu", x)
+    _validated(_check.check_activation, name, "silu", x)
     return call("silu", x, name)[0]
 
 
 def relu(x, backend=None):
     """``max(x, 0)``."""
     name = backend_for("relu", backend)
-    _check.check_activation(name, "relu", x)
+    _validated(_check.check_activation, name, "relu", x)
     return call("relu", x, name)[0]
 
 
 def swiglu(gate, up, backend=None):
     """``silu(gate) * up``."""
     name = backend_for("swiglu", backend)
-    _check.check_swiglu(name, gate, up)
+    gate, up = autocast_inputs("swiglu", gate, up)
+    _validated(_check.check_swiglu, name, gate, up)
     return call("swiglu", gate, up, name)[0]
 
 
@@ -242,7 +291,7 @@ def rope(x, base=10000.0, positions=None, backend=None):
     of the last dim and angle ``p * base^(-2i/D)`` at position ``p`` (default ``0..T-1``),
     ``y = [x1 cos - x2 sin, x2 cos + x1 sin]``."""
     name = backend_for("rope", backend)
-    p = _check.check_rope(name, x, base, positions)
+    p = _validated(_check.check_rope, name, x, base, positions)
     return call("rope", x, positions, p["base"], name)[0]
 
 
@@ -254,5 +303,6 @@ def attention(q, k, v, causal=False, scale=None, backend=None):
     ``j <= i`` (top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``).
     """
     name = backend_for("attention", backend)
-    p = _check.check_attention(name, q, k, v, causal, scale)
+    q, k, v = autocast_inputs("attention", q, k, v)
+    p = _validated(_check.check_attention, name, q, k, v, causal, scale)
     return call("attention", q, k, v, p["causal"], p["scale"], name)[0]

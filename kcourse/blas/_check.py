@@ -190,10 +190,16 @@ def _solvable(terms: list[tuple[int, int, int]], d: int, budget: list[int]) -> b
     return False
 
 
+def _addressed(t: torch.Tensor) -> bool:
+    return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and not t.is_meta
+
+
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Do the views ``a`` and ``b`` share a byte of memory? Exact for 1-D and 2-D views (see above);
-    beyond, possibly True for views that only interleave (never False for views that overlap)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+    beyond, possibly True for views that only interleave (never False for views that overlap).
+    Tensors without addresses (meta tensors, and the fake tensors torch.compile traces with) are
+    taken as disjoint: the eager call on real tensors makes the check."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or not (_addressed(a) and _addressed(b)):
         return False
     lo, hi = _span(a)
     o_lo, o_hi = _span(b)
@@ -329,7 +335,7 @@ def check_gemm(backend, A, B, C, alpha, beta, *, inplace=False):
         if ba != bb and 1 not in (ba, bb):
             raise ValueError(f"{op}: A is {shape(A)} and B is {shape(B)}; their batch sizes ({ba}, {bb}) "
                              "must be equal or one of them 1")
-        batch = (max(ba, bb),)
+        batch = (bb if ba == 1 else ba,)  # a batch of 1 broadcasts, to 0 as well (as torch.matmul)
     out = (*batch, m, n)
     if C is not None:
         if inplace and tuple(C.shape) != out:

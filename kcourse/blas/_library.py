@@ -43,17 +43,18 @@ from . import _check
 LIB = torch.library.Library("kcourse", "DEF")
 ops = torch.ops.kcourse
 
-# torch's autocast policy for the ATen op each kcourse op stands for:
+# torch's autocast policy, per device, for the ATen op each kcourse op stands for:
 #   "lower"   runs in the autocast dtype (mm, addmv, addr, scaled_dot_product_attention)
-#   "fp32"    computes in float32 (softmax, log_softmax, cross_entropy, layer_norm, rms_norm)
+#   "fp32"    computes in float32 (softmax, log_softmax, nll_loss, layer_norm on CUDA)
 #   "promote" runs in the widest floating dtype of its inputs (a residual add of a float32 stream
-#             and a bfloat16 projection)
+#             and a bfloat16 projection, as torch's type promotion gives for ``x + y``)
 # Ops not listed (the activations, rope, embedding, copy, scal) run in their inputs' dtype.
 # float64 tensors are never cast.
+_PROMOTE = {"axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "promote"}
 AUTOCAST = {
-    "gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower",
-    "softmax": "fp32", "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
-    "axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "promote",
+    "cuda": {"gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower", "softmax": "fp32",
+             "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32", **_PROMOTE},
+    "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", **_PROMOTE},  # torch's CPU lists
 }
 
 
@@ -80,11 +81,11 @@ NO_AUTOCAST = {device: torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key
 
 
 def _register_autocast(name: str) -> None:
-    op, policy = getattr(ops, name).default, AUTOCAST.get(name)
+    op = getattr(ops, name).default
     for device, key in AUTOCAST_KEYS.items():
-        def kernel(keyset, *args, _device=device):
+        def kernel(keyset, *args, _device=device, _policy=AUTOCAST[device].get(name)):
             with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[_device]):
-                return op(*_cast(args, policy, _device))
+                return op(*_cast(args, _policy, _device))
 
         LIB.impl(name, kernel, key, with_keyset=True)
 
@@ -101,6 +102,16 @@ def _define(schema: str, impl: Callable, fake: Callable) -> str:
     _register_autocast(name)
     IMPLS[name] = impl
     return name
+
+
+def autocast_inputs(name: str, *tensors):
+    """``tensors`` as op ``name`` receives them under the active autocast (unchanged without one):
+    the public API validates these, so that mixed dtypes that autocast reconciles pass."""
+    device = next((t.device.type for t in tensors if isinstance(t, Tensor)), "cpu")
+    policy = AUTOCAST.get(device, {}).get(name)
+    if policy is None or not torch.is_autocast_enabled(device):
+        return tensors
+    return _cast(tensors, policy, device)
 
 
 def _plain(args: tuple) -> bool:
@@ -125,7 +136,7 @@ def call(name: str, *args):
     device = next((a.device.type for a in args if isinstance(a, Tensor)), "cpu")
     if device in NO_AUTOCAST and torch.is_autocast_enabled(device):
         with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[device]):
-            return _run(name, _cast(args, AUTOCAST.get(name), device))
+            return _run(name, _cast(args, AUTOCAST[device].get(name), device))
     return _run(name, args)
 
 
@@ -388,14 +399,14 @@ def _register(name: str, setup: Callable, backward: Callable) -> None:
     torch.library.register_autograd(f"kcourse::{name}", backward, setup_context=setup, lib=LIB)
     impl = IMPLS[name]
 
-    def forward(*args):
+    def forward(ctx, *args):  # forward(ctx, ...) rather than setup_context: apply then binds no signature
         out = impl(*args)
+        setup(ctx, args, out)
         return tuple(out) if isinstance(out, list) else out
 
     listed = "-> Tensor[]" in str(getattr(ops, name).default._schema)
     FUNCTIONS[name] = type(f"{name}_function", (torch.autograd.Function,), {
         "forward": staticmethod(forward),
-        "setup_context": staticmethod(setup),
         "backward": staticmethod((lambda ctx, *grads: backward(ctx, grads)) if listed else backward),
     })
 
@@ -535,7 +546,7 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
 def _row_stats(n: int):
     """Fake per-row statistics (N,) in the accumulation dtype, ``n`` of them."""
     def stats(x, *rest, **params):
-        return [x.new_empty(x.shape[:-1].numel(), dtype=_acc_dtype(x)) for _ in range(n)]
+        return [x.new_empty(math.prod(x.shape[:-1]), dtype=_acc_dtype(x)) for _ in range(n)]
     return stats
 
 

@@ -13,6 +13,9 @@ import torch
 def float32_reductions():
     flags = torch.backends.cuda.matmul
     saved = flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction
+    if not any(saved):
+        yield
+        return
     flags.allow_fp16_reduced_precision_reduction = flags.allow_bf16_reduced_precision_reduction = False
     try:
         yield
@@ -20,10 +23,14 @@ def float32_reductions():
         flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction = saved
 
 
+HALVES = (torch.float16, torch.bfloat16)
+
+
 def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,
          out: torch.Tensor) -> torch.Tensor:
     batched = A.dim() == 3
-    with float32_reductions():
+    # cuBLAS's reduced-precision reductions concern half operands on CUDA only
+    with float32_reductions() if A.is_cuda and A.dtype in HALVES else contextlib.nullcontext():
         if C is None:
             return (out.baddbmm_ if batched else out.addmm_)(A, B, beta=0, alpha=alpha)
         return (torch.baddbmm if batched else torch.addmm)(C, A, B, beta=beta, alpha=alpha, out=out)
