@@ -2,6 +2,7 @@
 
     python -m benchmarks.history add OUT/results.json [more.json ...]   # append a run (benchmarks/run.py's JSON)
     python -m benchmarks.history add OUT/gpt.json                        # or a training run (benchmarks/gpt.py's JSON)
+    python -m benchmarks.history add OUT/host.json                       # or host time per call (benchmarks/host.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
@@ -17,7 +18,8 @@
     role                                   ``ceiling`` or ``eager`` on torch's own rows, absent on ours
     device, date, versions, commit         where, when (UTC) and with what it ran; ``commit`` ends in
                                            ``+dirty`` when kcourse/ had uncommitted changes
-    mode                                   training only: ``eager`` or ``graphed`` (CUDA graph)
+    mode                                   training: ``eager``, ``compile``, ``autocast``, ``graphed`` ...;
+                                           ``host`` for host time per call (benchmarks/host.py)
 
 Only points that ran and passed their correctness check are recorded. A run is identified by its
 (device, date): adding it twice adds nothing. ``latest`` keeps, per device, the newest row of each
@@ -117,6 +119,47 @@ def rows_from_gpt(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_variants(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/gpt.py`` gpt.json with named variants (``MODEL:MODE``): tokens/s
+    of a training step, each against its own torch.nn baseline (eager, compile or autocast)."""
+    meta = results["meta"]
+    shape = f"{meta['arch']} {meta['parameters'] / 1e6:.1f}M B{meta['batch']} T{meta['block_size']}"
+    commit = meta.get("git_commit")
+    if commit and meta.get("git_dirty"):
+        commit += "+dirty"
+    rows = []
+    for name, run in results["variants"].items():
+        if "tokens_per_s" not in run:
+            continue
+        model, mode = name.split(":", 1)
+        rows.append(_clean(dict(
+            op="gpt_train", backend=model, shape=shape, dtype=meta["dtype"], direction="train", mode=mode,
+            ms=_round(run["step_ms"]), rate=_round(run["tokens_per_s"]), unit="tokens/s",
+            baseline=run.get("baseline") if model != "torch.nn" else None,
+            ratio=_round(run["ratio"]) if model != "torch.nn" and run.get("ratio") else None,
+            role="baseline" if model == "torch.nn" else None,
+            peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
+            device=meta["device"], date=meta["date_utc"],
+            versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
+    return rows
+
+
+def rows_from_host(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/host.py`` host.json: host microseconds per call of each op,
+    against the torch call it stands for (ratio: torch's time over ours)."""
+    meta = results["meta"]
+    rows = []
+    for r in results["rows"]:
+        if "us_per_call" not in r:
+            continue
+        rows.append(_clean(dict(
+            op=r["op"], backend=r["backend"], shape="host, tiny operands", dtype="bfloat16", direction=r["direction"],
+            mode="host", ms=_round(r["us_per_call"] / 1000), baseline="torch",
+            ratio=_round(r["torch_us_per_call"] / r["us_per_call"]), device=meta["device"], date=meta["date"],
+            versions={"torch": meta["torch"]}, commit=meta.get("git_commit"))))
+    return rows
+
+
 def rows_from_file(path: Path) -> list[dict]:
     """The rows of a run's JSON, whichever runner wrote it; [] for anything else."""
     try:
@@ -127,6 +170,10 @@ def rows_from_file(path: Path) -> list[dict]:
         return []
     if "points" in results:
         return rows_from_bench(results)
+    if "variants" in results:
+        return rows_from_variants(results)
+    if "rows" in results:
+        return rows_from_host(results)
     if "torch.nn" in results:
         return rows_from_gpt(results)
     return []
@@ -215,12 +262,21 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
     train = sorted((r for r in rows if r["op"] == "gpt_train"), key=lambda r: (r["shape"], r.get("mode", ""), _order(r)))
     if train:
         out += ["", "## GPT training step (`benchmarks/gpt.py`)", "",
-                "| model | backend | mode | dtype | ms / step | tokens/s | vs torch.nn eager | date |",
+                "| model | backend | mode | dtype | ms / step | tokens/s | vs its torch.nn baseline | date |",
                 "|---|---|---|---|---:|---:|---:|---|"]
         for r in train:
             ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
             out.append(f"| {r['shape']} | {r['backend']} | {r.get('mode', '-')} | {r['dtype']} | {r['ms']:.2f} "
                        f"| {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
+    host = sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r)))
+    if host:
+        out += ["", "## Host time per call (`benchmarks/host.py`)", "",
+                "Tiny operands: the host's time (validation, dispatch, launch), not the GPU's. "
+                "The ratio is torch's time over ours.", "",
+                "| op | dir | backend | us / call | vs torch | date |", "|---|---|---|---:|---:|---|"]
+        for r in host:
+            out.append(f"| {r['op']} | {r['direction']} | {r['backend']} | {r['ms'] * 1000:.1f} "
+                       f"| {r['ratio']:.2f}x | {r['date'][:10]} |")
     return "\n".join(out) + "\n"
 
 
