@@ -102,3 +102,15 @@ def raises(exc, pattern, fn, *args, **kwargs):
         fn(*args, **kwargs)
     for t, t0 in zip(tensors, before):
         assert torch.equal(t, t0) or (t.isnan() == t0.isnan()).all(), "an argument changed before the error"
+
+
+def assert_device_assert(script: str) -> None:
+    """Run ``script`` (Python source using CUDA) in a child process: it must die of a device-side
+    assert (which kills the CUDA context, hence the child) before printing "no error"."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script + "; torch.cuda.synchronize(); print('no error')"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "no error" not in result.stdout, result.stdout
+    assert "device-side assert" in result.stderr or "Assertion" in result.stderr, result.stderr[-2000:]
