@@ -114,6 +114,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from .. import _host
 from . import _compile
 
 TILES = ((128, 256), (128, 128))  # (tile_m, tile_n) the kernel is built for; tile_k is 64
@@ -209,7 +210,7 @@ def _max_active_clusters(device_index: int | None, cluster_size: int) -> int:
     try:
         return utils.HardwareInfo(device_index).get_max_active_clusters(cluster_size)
     except Exception:  # the occupancy query failed: assume every SM pair fits
-        return torch.cuda.get_device_properties(device_index).multi_processor_count // cluster_size
+        return _host.device_sm_count(device_index) // cluster_size
 
 
 def _pick_tile(m: int, n: int, batch: int, sms: int) -> tuple[int, int]:

@@ -63,7 +63,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import tuning
+from .. import _host, tuning
 from .._layout import rows_of
 from . import _compile, _reduce
 from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
@@ -619,12 +619,9 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     key, align, ctas, args = _backward_plan(_compile.Operand.of(dy2), _compile.Operand.of(x2), _operand(weight), needs,
                                             mean is not None, _reduce.sm_count_of(x2.get_device()),
                                             tuning.launch("layer_norm" if mean is not None else "rms_norm"))
-    sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
-    partials = x2.new_empty((sets, ctas, d), dtype=torch.float32) if sets else None
-    dw = partials[0] if needs[1] else None
-    db = partials[sets - 1] if needs[2] else None
+    partials, dw, db = _host.weight_partials(needs, ctas, d, x2.device)  # one buffer, one column-sum launch
     totals = None  # rows swept in chunks, with dx and a column sum: their row sums between the two sweeps
-    if not key[2].one_pass and needs[0] and sets:
+    if not key[2].one_pass and needs[0] and partials is not None:
         totals = _compile.workspace((_norm_backward_factory, key), x2, n * (2 if mean is not None else 1))
     pointer = _compile.pointer
     _compile.launch(_norm_backward_factory, key, _compile.stream_of(x2), pointer(dy2, align), pointer(x2, align),
@@ -632,18 +629,13 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
                     pointer(rstd, 4), None if dx is None else pointer(dx, align),
                     None if dw is None else pointer(dw, 4), None if db is None else pointer(db, 4),
                     None if totals is None else pointer(totals, 4), n, d, ctas, *args)
-    sums = _column_sums(partials, x2.dtype)
-    return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
+    return _host.norm_gradients(dx, partials, needs, x2.dtype, launch=_column_sum_launch)
 
 
-def _column_sums(partials, dtype) -> list:
-    """The (D,) column sums, in ``dtype``, of each set of the (S, P, D) float32 ``partials`` (S = 0, 1, 2)."""
-    if partials is None:
-        return []
+def _column_sum_launch(partials, out0, out1):
+    """out0 (and out1 when not None) (D,) <- the column sums of the (S, P, D) float32 ``partials``."""
     s, p, d = partials.shape
-    outs = [torch.empty(d, dtype=dtype, device=partials.device) for _ in range(s)]
     vec = _reduce.vector_width(4, (partials.data_ptr(),), (d,))
-    _compile.launch(_column_sum_factory, (_compile.DTYPES[dtype], vec, s), _compile.stream(partials.device),
-                    _compile.pointer(partials, 4 * vec), _compile.pointer(outs[0], outs[0].element_size()),
-                    _compile.pointer(outs[1], outs[1].element_size()) if s == 2 else None, p, d)
-    return outs
+    _compile.launch(_column_sum_factory, (_compile.DTYPES[out0.dtype], vec, s), _compile.stream(partials.device),
+                    _compile.pointer(partials, 4 * vec), _compile.pointer(out0, out0.element_size()),
+                    None if out1 is None else _compile.pointer(out1, out1.element_size()), p, d)

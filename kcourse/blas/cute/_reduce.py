@@ -18,7 +18,6 @@ each op checks them on the host and compiles a kernel for that width (128, 64, 3
 """
 from __future__ import annotations
 
-import functools
 import operator
 
 import torch
@@ -27,6 +26,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
+
+from .. import _host
 
 WARP = 32
 VECTOR_BYTES = 16  # a 128-bit access
@@ -49,20 +50,13 @@ def pow2_at_least(k: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """The number of streaming multiprocessors of ``device`` (``DEFAULT_SMS`` off a GPU)."""
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    return _sm_count(device.index)
+    """The number of streaming multiprocessors of ``device`` (``_host.sm_count``; ``DEFAULT_SMS`` off a GPU)."""
+    return _host.sm_count(device, off_gpu=DEFAULT_SMS)
 
 
 def sm_count_of(device_index: int) -> int:
     """``sm_count`` of CUDA device ``device_index`` as ``Tensor.get_device()`` gives it (-1: the CPU)."""
-    return DEFAULT_SMS if device_index < 0 else _sm_count(device_index)
-
-
-@functools.cache  # asked on every launch: the device properties query costs microseconds
-def _sm_count(device_index: int | None) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return DEFAULT_SMS if device_index < 0 else _host.device_sm_count(device_index)
 
 
 def copy_atom(dtype, vec: int):

@@ -62,14 +62,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import _check, tuning
+from .. import _check, _host, tuning
 from . import _compile, _reduce
 from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
@@ -380,10 +378,11 @@ def _rows_of(op, tensors, share=0):
     return vec, plan_, row_arguments((N,), row_strides, col_strides)
 
 
-def _valid_sum(loss, target, ignore_index, mode, out):
-    """``out`` (0-d) <- the mean or sum of ``loss`` over the valid rows, or (mode "count") n_valid."""
+def _valid_sum(loss, target, ignore_index, reduction, out):
+    """``out`` (0-d) <- the mean or sum (``reduction``) of ``loss`` over the valid rows, or
+    (reduction "count", loss None) n_valid."""
     pointer = _compile.pointer
-    key = (_compile.DTYPES[target.dtype], _compile.DTYPES[out.dtype], mode)
+    key = (_compile.DTYPES[target.dtype], _compile.DTYPES[out.dtype], reduction)
     parts = max(1, -(-target.shape[0] // PART_ROWS))  # no rows: one CTA, a mean of 0 / 0 = NaN
     partials = _compile.workspace((_valid_sum_factory, key), target, 2 * parts)  # (2, P) float32
     _compile.launch(_valid_sum_factory, key, _compile.stream(target.device),
@@ -393,45 +392,30 @@ def _valid_sum(loss, target, ignore_index, mode, out):
     return out
 
 
-def cross_entropy(logits, target, ignore_index, reduction):
-    """``(loss, (logits, target, lse))``: the losses (reduction "none") or their mean or sum."""
+def _forward(logits, target, lse, loss, ignore_index):
     N, V = logits.shape
-    lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-    loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
-    if N:
-        _check.assert_indices(target, V, ignore_index)
-        vec, plan_, args = _rows_of("cross_entropy", (logits,))
-        pointer = _compile.pointer
-        _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],
-                                                 _compile.DTYPES[loss.dtype], plan_),
-                        _compile.stream(logits.device), pointer(logits, vec * logits.element_size()),
-                        pointer(target, target.element_size()), pointer(lse, 4),
-                        pointer(loss, loss.element_size()), N, V, ignore_index, target.stride(0), *args)
-    if reduction != "none":
-        loss = _valid_sum(loss, target, ignore_index, reduction,
-                          torch.empty((), dtype=logits.dtype, device=logits.device))
-    return loss, (logits, target, lse)
+    _check.assert_indices(target, V, ignore_index)
+    vec, plan_, args = _rows_of("cross_entropy", (logits,))
+    pointer = _compile.pointer
+    _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],
+                                             _compile.DTYPES[loss.dtype], plan_),
+                    _compile.stream(logits.device), pointer(logits, vec * logits.element_size()),
+                    pointer(target, target.element_size()), pointer(lse, 4),
+                    pointer(loss, loss.element_size()), N, V, ignore_index, target.stride(0), *args)
 
 
-def cross_entropy_backward(dout, cache, needs, ignore_index, reduction):
-    """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows."""
-    logits, target, lse = cache
-    if not needs[0] or logits.numel() == 0:
-        return (torch.zeros_like(logits) if needs[0] else None), None
+def _backward(logits, target, lse, dout, n_valid, dlogits, ignore_index, dout_stride):
     N, V = logits.shape
-    n_valid = None
-    if reduction == "mean":
-        n_valid = _valid_sum(None, target, ignore_index, "count",
-                             torch.empty((), dtype=torch.float32, device=logits.device))
-    dlogits = torch.empty_like(logits)
     # long rows over up to 8 CTAs each, whatever N: the backward combines nothing across a row, and
     # the extra CTAs keep more loads in flight (H100, 128-8192 rows of 32768-262144: 1-12% faster)
     vec, plan_, args = _rows_of("cross_entropy", (logits, dlogits), share=BACKWARD_SHARE)
     pointer, size = _compile.pointer, logits.element_size()
     _compile.launch(_cross_entropy_backward_factory,
-                    (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype], plan_, reduction == "mean"),
+                    (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype], plan_, n_valid is not None),
                     _compile.stream(logits.device), pointer(logits, vec * size), pointer(target, target.element_size()),
                     pointer(lse, 4), pointer(dout, size), None if n_valid is None else pointer(n_valid, 4),
-                    pointer(dlogits, vec * size), N, V, ignore_index, target.stride(0),
-                    0 if reduction != "none" else dout.stride(0), *args)
-    return dlogits, None
+                    pointer(dlogits, vec * size), N, V, ignore_index, target.stride(0), dout_stride, *args)
+
+
+cross_entropy, cross_entropy_backward = _host.cross_entropy_ops(forward=_forward, backward=_backward,
+                                                                  valid_sum=_valid_sum)

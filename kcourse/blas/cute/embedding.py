@@ -44,7 +44,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import _check
+from .. import _check, _host
 from . import _compile, _reduce
 
 THREADS = 256
@@ -129,24 +129,20 @@ def gather_kernel(dtype: torch.dtype, index_dtype: torch.dtype, vec: int, lanes:
     return host
 
 
-def embedding(indices, weight):
+def _gather(idx, weight, out):
     V, D = weight.shape
-    idx = indices.reshape(-1)  # (N,): a view unless indices cannot be flattened
     N = idx.numel()
-    out = torch.empty((N, D), dtype=weight.dtype, device=weight.device)
-    if out.numel():
-        _check.assert_indices(idx, V)
-        vec = 1
-        if weight.stride(1) == 1:
-            vec = _reduce.vector_width(weight.element_size(), addresses=(weight.data_ptr(), out.data_ptr()),
-                                       counts=(D, weight.stride(0)))
-        lanes = _lanes(D // vec)
-        _compile.launch(gather_kernel, (weight.dtype, idx.dtype, vec, lanes),
-                        _compile.pointer(idx, idx.element_size()),
-                        _compile.pointer(weight, vec * weight.element_size()),
-                        _compile.pointer(out, vec * out.element_size()), N, V, D, idx.stride(0), weight.stride(0),
-                        weight.stride(1), _grid(N, lanes), _compile.stream(weight.device))
-    return out.reshape(*indices.shape, D), (indices, weight)
+    _check.assert_indices(idx, V)
+    vec = 1
+    if weight.stride(1) == 1:
+        vec = _reduce.vector_width(weight.element_size(), addresses=(weight.data_ptr(), out.data_ptr()),
+                                   counts=(D, weight.stride(0)))
+    lanes = _lanes(D // vec)
+    _compile.launch(gather_kernel, (weight.dtype, idx.dtype, vec, lanes),
+                    _compile.pointer(idx, idx.element_size()),
+                    _compile.pointer(weight, vec * weight.element_size()),
+                    _compile.pointer(out, vec * out.element_size()), N, V, D, idx.stride(0), weight.stride(0),
+                    weight.stride(1), _grid(N, lanes), _compile.stream(weight.device))
 
 
 # ----------------------------------------------------------------------------- backward: the scatter-add
@@ -203,22 +199,18 @@ def scatter_add_kernel(dtype: torch.dtype, index_dtype: torch.dtype, vec: int, r
     return host
 
 
-def embedding_backward(dout, cache, needs):
-    indices, weight = cache
-    if not needs[1]:
-        return None, None
-    V, D = weight.shape
-    idx = indices.reshape(-1)
+def _scatter_add(idx, dout, acc):
+    V, D = acc.shape
     N = idx.numel()
-    acc = torch.zeros((V, D), dtype=torch.float32, device=weight.device)  # dweight in float32
-    if N and D:
-        # dout: (N, D) contiguous (autograd.Primitive passes dout.contiguous())
-        vec = _reduce.vector_width(dout.element_size(), addresses=(dout.data_ptr(),), counts=(D,))
-        red = _red_width(vec, acc, D)
-        lanes = _lanes(D // vec)
-        _compile.launch(scatter_add_kernel, (dout.dtype, idx.dtype, vec, red, lanes),
-                        _compile.pointer(idx, idx.element_size()),
-                        _compile.pointer(dout, vec * dout.element_size()),
-                        _compile.pointer(acc, red * 4), N, V, D, idx.stride(0), _grid(N, lanes),
-                        _compile.stream(weight.device))
-    return None, acc.to(weight.dtype)
+    # dout: (N, D) contiguous (autograd.Primitive passes dout.contiguous())
+    vec = _reduce.vector_width(dout.element_size(), addresses=(dout.data_ptr(),), counts=(D,))
+    red = _red_width(vec, acc, D)
+    lanes = _lanes(D // vec)
+    _compile.launch(scatter_add_kernel, (dout.dtype, idx.dtype, vec, red, lanes),
+                    _compile.pointer(idx, idx.element_size()),
+                    _compile.pointer(dout, vec * dout.element_size()),
+                    _compile.pointer(acc, red * 4), N, V, D, idx.stride(0), _grid(N, lanes),
+                    _compile.stream(acc.device))
+
+
+embedding, embedding_backward = _host.embedding_ops(gather=_gather, scatter_add=_scatter_add)

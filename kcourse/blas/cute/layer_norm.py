@@ -13,15 +13,8 @@ dweight and dbias): memory bound. The kernels, shared with rms_norm, are in ``_n
 deterministic two-stage reduction for dweight and dbias. The cache holds x and the
 float32 mean and rstd (N,), as triton's does.
 """
-from .._layout import rows_of
+from .. import _host
 from ._norm import norm_backward, norm_forward
 
 
-def layer_norm(x, weight, bias, eps):
-    y, _, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
-    return y, (x, weight, mean, rstd)
-
-
-def layer_norm_backward(dout, cache, needs, eps):
-    x, weight, mean, rstd = cache
-    return norm_backward(dout, rows_of(x), weight, mean, rstd, needs)
+layer_norm, layer_norm_backward = _host.layer_norm_ops(norm_forward, norm_backward)

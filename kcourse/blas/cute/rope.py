@@ -56,6 +56,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32, Int64, const_expr
 
 from .._layout import strided_layout
+from .. import _host
 from .._rope import turns
 from . import _compile, _reduce
 from ._elementwise import coordinate
@@ -195,10 +196,4 @@ def _rotate(x, positions, base, sign):
     return out
 
 
-def rope(x, positions, base):
-    return _rotate(x, positions, base, 1.0), (positions,)
-
-
-def rope_backward(dout, cache, needs, base):
-    (positions,) = cache
-    return (_rotate(dout, positions, base, -1.0) if needs[0] else None), None
+rope, rope_backward = _host.rope_ops(_rotate)

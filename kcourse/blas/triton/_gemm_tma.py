@@ -57,7 +57,8 @@ from triton.runtime.errors import OutOfResources
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import INTERPRET, autotune, is_hopper, sm_count
+from .. import _host
+from ._launch import INTERPRET, autotune, is_hopper
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -297,8 +298,8 @@ def tma_layouts(A, B, out):
 
 
 def num_sms(device: torch.device) -> int:
-    """The GPU's SM count (``_launch.sm_count``), ``INTERPRET_SMS`` in the interpreter."""
-    return sm_count(device) if device.type == "cuda" else INTERPRET_SMS
+    """The GPU's SM count (``_host.sm_count``), ``INTERPRET_SMS`` in the interpreter."""
+    return _host.sm_count(device, off_gpu=INTERPRET_SMS)
 
 
 def split_k(batch, M, N, K, sms):

@@ -17,22 +17,19 @@ import triton
 import triton.language as tl
 
 from ...backend import triton_interpreting
+from .. import _host
 from .._layout import MAX_DIMS, strided_layout  # noqa: F401  (the triton kernels import them from here)
 
+INTERPRET_SMS = 4  # the SM count off a GPU (the interpreter)
 INTERPRET = triton_interpreting()  # True: kernels run on the CPU through Triton's interpreter
 BLOCK = 4096  # elements per program in the memory-bound kernels: 16 per thread with 8 warps
 NUM_WARPS = 8
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; the CPU interpreter counts as 4 (several programs,
-    so the CPU tests cover the kernels' multi-program paths)."""
-    return _sm_count(device.index) if device.type == "cuda" else 4
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    """Streaming multiprocessors of ``device`` (``_host.sm_count``); the CPU interpreter counts as
+    ``INTERPRET_SMS`` (several programs, so the CPU tests cover the kernels' multi-program paths)."""
+    return _host.sm_count(device, off_gpu=INTERPRET_SMS)
 
 
 @functools.lru_cache(maxsize=None)

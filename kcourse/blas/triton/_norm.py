@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _host
 from .._layout import rows_of
 from ._launch import block_indices, sm_count, sum_pair
 
@@ -323,33 +324,24 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     rows_per_program = options["BLOCK_M"] * max(1, triton.cdiv(tiles, PROGRAMS_PER_SM * sms))
     programs = max(1, triton.cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums
     dx = torch.empty(dout.shape, dtype=x2.dtype, device=device) if needs[0] else None
-    sets = int(needs[1]) + int(needs[2])  # dweight's partials, then dbias's: one buffer, one column-sum launch
-    partials = torch.empty(sets, programs, d, dtype=torch.float32, device=device) if sets else None
-    dw = partials[0] if needs[1] else None
-    db = partials[sets - 1] if needs[2] else None
+    partials, dw, db = _host.weight_partials(needs, programs, d, device)  # one buffer, one column-sum launch
     totals = None  # long rows with dx and a column sum: dx is written in the column sweep, from these row sums
-    if not options["ONE_BLOCK"] and needs[0] and sets:
+    if not options["ONE_BLOCK"] and needs[0] and partials is not None:
         totals = torch.empty(n, 2, dtype=torch.float32, device=device)
     norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, totals, n, d,
                                       x2.stride(0), x2.stride(1), rows_per_program,
                                       CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
                                       **options)
-    sums = _column_sums(partials, x2.dtype)
-    return dx, sums[0] if needs[1] else None, sums[sets - 1] if needs[2] else None
+    return _host.norm_gradients(dx, partials, needs, x2.dtype, launch=_column_sum_launch)
 
 
-def _column_sums(partials, dtype) -> list:
-    """The column sums (D,) in ``dtype`` of each set of the (S, P, D) float32 partials (S = 0, 1 or 2)."""
-    if partials is None:
-        return []
+def _column_sum_launch(partials, out0, out1):
+    """out0 (and out1 when not None) (D,) <- the column sums of the (S, P, D) float32 ``partials``."""
     s, p, d = partials.shape
-    outs = [torch.empty(d, dtype=dtype, device=partials.device) for _ in range(s)]
-    if d:
-        block_p = min(triton.next_power_of_2(p), SUM_MAX_BLOCK_P)
-        block_d = max(SUM_TILE // block_p, 1)
-        column_sum_kernel[(triton.cdiv(d, block_d), s)](partials, outs[0], outs[1] if s == 2 else None, p, d,
-                                                         BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
-    return outs
+    block_p = min(triton.next_power_of_2(p), SUM_MAX_BLOCK_P)
+    block_d = max(SUM_TILE // block_p, 1)
+    column_sum_kernel[(triton.cdiv(d, block_d), s)](partials, out0, out1, p, d,
+                                                     BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
 
 
 def _dense(t):

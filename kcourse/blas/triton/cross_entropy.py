@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _host
 from ._launch import block_indices
 from ._softmax import CHUNK
 
@@ -228,48 +229,35 @@ def _warps(block):
     return min(8, max(1, block // 512))
 
 
-def _valid_sum(loss, target, ignore_index, mean, out):
-    """``out`` (0-d) = the mean or sum of ``loss`` over the rows whose target is not ignore_index, or
-    (loss None) their count: per-block partials in one launch, then their fixed-order sum."""
+def _valid_sum(loss, target, ignore_index, reduction, out):
+    """``out`` (0-d) = the mean or sum (``reduction``) of ``loss`` over the rows whose target is not
+    ignore_index, or (reduction "count", loss None) their count: per-block partials in one launch,
+    then their fixed-order sum."""
     N = target.shape[0]
     programs = max(1, triton.cdiv(N, SUM_BLOCK))
     partials = torch.empty(2, programs, dtype=torch.float32, device=target.device)
     valid_partials_kernel[(programs,)](loss, target, partials, N, target.stride(0), ignore_index,
                                        BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
-    valid_sum_kernel[(1,)](partials, out, programs, LOSSES=loss is not None, MEAN=mean,
+    valid_sum_kernel[(1,)](partials, out, programs, LOSSES=loss is not None, MEAN=reduction == "mean",
                            BLOCK=FINISH_BLOCK, num_warps=FINISH_WARPS)
     return out
 
 
-def cross_entropy(logits, target, ignore_index, reduction):
-    """``(loss, (logits, target, lse))``: the losses (reduction "none") or their mean or sum."""
+def _forward(logits, target, lse, loss, ignore_index):
     N, V = logits.shape
-    lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-    loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
-    if N:
-        options = _forward_options(N, V)
-        cross_entropy_kernel[(triton.cdiv(N, options["BLOCK_M"]),)](
-            logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
-            EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
-    if reduction != "none":
-        loss = _valid_sum(loss, target, ignore_index, reduction == "mean",
-                          torch.empty((), dtype=logits.dtype, device=logits.device))
-    return loss, (logits, target, lse)
+    options = _forward_options(N, V)
+    cross_entropy_kernel[(triton.cdiv(N, options["BLOCK_M"]),)](
+        logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
+        EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
 
 
-def cross_entropy_backward(dout, cache, needs, ignore_index, reduction):
-    """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows."""
-    logits, target, lse = cache
-    if not needs[0] or logits.numel() == 0:
-        return (torch.zeros_like(logits) if needs[0] else None), None
+def _backward(logits, target, lse, dout, n_valid, dlogits, ignore_index, dout_stride):
     N, V = logits.shape
-    n_valid = None
-    if reduction == "mean":
-        n_valid = _valid_sum(None, target, ignore_index, False,
-                             torch.empty((), dtype=torch.float32, device=logits.device))
-    dlogits = torch.empty_like(logits)
     BLOCK_V = _block_v(V)
     cross_entropy_backward_kernel[(N,)](logits, target, lse, dout, n_valid, dlogits, V, *logits.stride(),
-                                        target.stride(0), 0 if reduction != "none" else dout.stride(0),
-                                        *dlogits.stride(), ignore_index, BLOCK_V=BLOCK_V, num_warps=_warps(BLOCK_V))
-    return dlogits, None
+                                        target.stride(0), dout_stride, *dlogits.stride(), ignore_index,
+                                        BLOCK_V=BLOCK_V, num_warps=_warps(BLOCK_V))
+
+
+cross_entropy, cross_entropy_backward = _host.cross_entropy_ops(forward=_forward, backward=_backward,
+                                                                  valid_sum=_valid_sum)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import BLOCK, NUM_WARPS, block_indices
+from ._launch import BLOCK, NUM_WARPS, block_indices, sm_count
 
 PROGRAMS_PER_SM = 4  # stage 1 launches this many programs per streaming multiprocessor
 
@@ -43,8 +43,7 @@ def dot_finish_kernel(partials_ptr, out_ptr, num_partials, BLOCK: tl.constexpr):
 def dot(x, y):
     """``x^T y`` as a 0-d tensor of ``x.dtype``, accumulated in float32."""
     n = x.numel()
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    programs = min(triton.cdiv(n, BLOCK), PROGRAMS_PER_SM * sms)
+    programs = min(triton.cdiv(n, BLOCK), PROGRAMS_PER_SM * sm_count(x.device))
     partials = torch.empty(programs, dtype=torch.float32, device=x.device)
     out = torch.empty((), dtype=x.dtype, device=x.device)
     dot_partials_kernel[(programs,)](x, y, partials, n, x.stride(0), y.stride(0), programs * BLOCK,

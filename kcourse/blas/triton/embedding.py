@@ -21,10 +21,10 @@ index tensor of several dims cannot be viewed as 1-D (N integers, small next to 
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
+from .. import _host
 from ._launch import block_indices
 
 NUM_WARPS = 4
@@ -73,24 +73,16 @@ def _tiling(N: int, D: int):
     return (triton.cdiv(N, block_n),), {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": NUM_WARPS}
 
 
-def embedding(indices, weight):
+def _gather(idx, weight, out):
     V, D = weight.shape
-    idx = indices.reshape(-1)  # (N,)
-    out = torch.empty((idx.numel(), D), dtype=weight.dtype, device=weight.device)
-    if out.numel():
-        grid, meta = _tiling(idx.numel(), D)
-        embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta, **CHECKED)
-    return out.reshape(*indices.shape, D), (indices, weight)
+    grid, meta = _tiling(idx.numel(), D)
+    embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta, **CHECKED)
 
 
-def embedding_backward(dout, cache, needs):
-    indices, weight = cache
-    if not needs[1]:
-        return None, None
-    V, D = weight.shape
-    idx = indices.reshape(-1)
-    acc = torch.zeros((V, D), dtype=torch.float32, device=weight.device)  # dweight in float32
-    if idx.numel() and D:
-        grid, meta = _tiling(idx.numel(), D)
-        embedding_backward_kernel[grid](idx, dout, acc, idx.numel(), V, D, idx.stride(0), **meta)
-    return None, acc.to(weight.dtype)
+def _scatter_add(idx, dout, acc):
+    V, D = acc.shape
+    grid, meta = _tiling(idx.numel(), D)
+    embedding_backward_kernel[grid](idx, dout, acc, idx.numel(), V, D, idx.stride(0), **meta)
+
+
+embedding, embedding_backward = _host.embedding_ops(gather=_gather, scatter_add=_scatter_add)

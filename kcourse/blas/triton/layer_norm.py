@@ -10,15 +10,8 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight:
 The kernels, shared with rms_norm, are in ``_norm.py`` (``CENTER=True`` here). The cache holds x as
 (N, D) rows and the float32 mean and rstd (N,).
 """
-from .._layout import rows_of
+from .. import _host
 from ._norm import norm_backward, norm_forward
 
 
-def layer_norm(x, weight, bias, eps):
-    y, _, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
-    return y, (x, weight, mean, rstd)
-
-
-def layer_norm_backward(dout, cache, needs, eps):
-    x, weight, mean, rstd = cache
-    return norm_backward(dout, rows_of(x), weight, mean, rstd, needs)
+layer_norm, layer_norm_backward = _host.layer_norm_ops(norm_forward, norm_backward)

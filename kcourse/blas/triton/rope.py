@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _host
 from .._rope import turns
 from ._launch import strided_layout, strided_offsets
 
@@ -78,10 +79,4 @@ def _rotate(x, positions, base, sign):
     return out
 
 
-def rope(x, positions, base):
-    return _rotate(x, positions, base, 1.0), (positions,)
-
-
-def rope_backward(dout, cache, needs, base):
-    (positions,) = cache
-    return (_rotate(dout, positions, base, -1.0) if needs[0] else None), None
+rope, rope_backward = _host.rope_ops(_rotate)

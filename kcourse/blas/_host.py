@@ -1,0 +1,186 @@
+"""Host code the triton and cute backends share: the Python around their kernels, written once.
+
+Each function here does what the two backends do alike (allocating outputs and workspaces, early
+returns, which gradients to compute, how a cache is laid out) and leaves the launches to callables
+the backend passes in. An op's public functions (the dispatcher looks ``<op>`` and ``<op>_backward``
+up by name in ``kcourse.blas.<backend>.<op>``) are made by an ``<op>_ops`` factory here and bound
+there in one line, e.g. ``rope, rope_backward = _host.rope_ops(_rotate)``, so both backends take
+the same launch helpers with the same signatures:
+
+- ``sm_count(device, off_gpu)``: the SM count of a CUDA device (cached), ``off_gpu`` elsewhere.
+- ``cross_entropy_ops``: row allocations, the reduction through the backend's
+  ``valid_sum(loss, target, ignore_index, reduction, out)`` with ``reduction`` "mean", "sum" or
+  "count" (n_valid; ``loss`` None), and ``g``'s stride (0 for a reduced loss).
+- ``weight_partials`` / ``column_sums`` / ``norm_gradients``: the norm backward's (S, P, D) float32
+  partials of dweight and dbias and their column sums.
+- ``layer_norm_ops`` / ``rms_norm_ops``: what each norm's cache holds.
+- ``rope_ops``: the backward is the rotation by ``-theta``.
+- ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._layout import rows_of
+
+
+# ----------------------------------------------------------------------------- SM counts
+
+def sm_count(device: torch.device, off_gpu: int) -> int:
+    """The streaming multiprocessors of ``device`` when it is a CUDA device, else ``off_gpu`` (the
+    count a backend sizes its grids by where there is no GPU)."""
+    return device_sm_count(device.index) if device.type == "cuda" else off_gpu
+
+
+@functools.cache  # asked on every launch: the device properties query costs microseconds
+def device_sm_count(index: int | None) -> int:
+    """The streaming multiprocessors of CUDA device ``index`` (None: the current device)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# ----------------------------------------------------------------------------- cross_entropy
+
+def cross_entropy_ops(*, forward, backward, valid_sum):
+    """``(cross_entropy, cross_entropy_backward)`` of a backend, from its launches:
+
+    - ``forward(logits, target, lse, loss, ignore_index)`` fills lse and loss (N > 0 rows only);
+    - ``backward(logits, target, lse, dout, n_valid, dlogits, ignore_index, dout_stride)`` fills
+      dlogits: n_valid a 0-d float32 count (reduction "mean") or None, dout_stride 0 for a 0-d dout;
+    - ``valid_sum(loss, target, ignore_index, reduction, out)``: out (0-d) <- the "mean" or "sum" of
+      loss over the rows whose target is not ignore_index, or (reduction "count", loss None) their count.
+    """
+
+    def cross_entropy(logits, target, ignore_index, reduction):
+        """``(loss, (logits, target, lse))``: the losses (reduction "none") or their mean or sum."""
+        N, V = logits.shape
+        lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+        loss = torch.empty(N, dtype=logits.dtype if reduction == "none" else torch.float32, device=logits.device)
+        if N:
+            forward(logits, target, lse, loss, ignore_index)
+        if reduction != "none":
+            loss = valid_sum(loss, target, ignore_index, reduction,
+                             torch.empty((), dtype=logits.dtype, device=logits.device))
+        return loss, (logits, target, lse)
+
+    def cross_entropy_backward(dout, cache, needs, ignore_index, reduction):
+        """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows."""
+        logits, target, lse = cache
+        if not needs[0] or logits.numel() == 0:
+            return (torch.zeros_like(logits) if needs[0] else None), None
+        n_valid = None
+        if reduction == "mean":
+            n_valid = valid_sum(None, target, ignore_index, "count",
+                                torch.empty((), dtype=torch.float32, device=logits.device))
+        dlogits = torch.empty_like(logits)
+        backward(logits, target, lse, dout, n_valid, dlogits, ignore_index,
+                 0 if reduction != "none" else dout.stride(0))
+        return dlogits, None
+
+    return cross_entropy, cross_entropy_backward
+
+
+# ----------------------------------------------------------------------------- layer_norm, rms_norm
+
+def weight_partials(needs, programs: int, d: int, device: torch.device):
+    """``(partials, dw, db)``: one (S, programs, d) float32 buffer, dweight's partials then dbias's
+    (S = needs[1] + needs[2]; None when 0), and those two sets (None where not needed)."""
+    sets = int(needs[1]) + int(needs[2])  # one buffer, one column-sum launch
+    partials = torch.empty(sets, programs, d, dtype=torch.float32, device=device) if sets else None
+    return partials, (partials[0] if needs[1] else None), (partials[sets - 1] if needs[2] else None)
+
+
+def column_sums(partials, dtype, *, launch) -> list:
+    """The (D,) column sums, in ``dtype``, of each set of the (S, P, D) float32 ``partials``
+    (S = 0, 1, 2; None for 0); ``launch(partials, out0, out1)`` writes them (out1 None unless S = 2)."""
+    if partials is None:
+        return []
+    s, _, d = partials.shape
+    outs = [torch.empty(d, dtype=dtype, device=partials.device) for _ in range(s)]
+    if d:
+        launch(partials, outs[0], outs[1] if s == 2 else None)
+    return outs
+
+
+def norm_gradients(dx, partials, needs, dtype, *, launch):
+    """``(dx, dweight, dbias)`` from the ``weight_partials`` buffer: its column sums (``column_sums``)."""
+    sums = column_sums(partials, dtype, launch=launch)
+    return dx, sums[0] if needs[1] else None, sums[len(sums) - 1] if needs[2] else None
+
+
+def layer_norm_ops(norm_forward, norm_backward):
+    """``(layer_norm, layer_norm_backward)`` of a backend over its ``_norm.norm_forward`` and
+    ``norm_backward``; the cache holds x, weight and the float32 mean and rstd (N,)."""
+
+    def layer_norm(x, weight, bias, eps):
+        y, _, mean, rstd = norm_forward(x, weight, bias, eps, center=True)
+        return y, (x, weight, mean, rstd)
+
+    def layer_norm_backward(dout, cache, needs, eps):
+        x, weight, mean, rstd = cache
+        return norm_backward(dout, rows_of(x), weight, mean, rstd, needs)
+
+    return layer_norm, layer_norm_backward
+
+
+def rms_norm_ops(norm_forward, norm_backward):
+    """``(rms_norm, rms_norm_backward)`` of a backend over its ``_norm.norm_forward`` and
+    ``norm_backward``; the cache holds x, weight and the float32 rstd (N,)."""
+
+    def rms_norm(x, weight, eps):
+        y, _, _, rstd = norm_forward(x, weight, None, eps, center=False)
+        return y, (x, weight, rstd)
+
+    def rms_norm_backward(dout, cache, needs, eps):
+        x, weight, rstd = cache
+        return norm_backward(dout, rows_of(x), weight, None, rstd, (*needs, False))[:2]
+
+    return rms_norm, rms_norm_backward
+
+
+# ----------------------------------------------------------------------------- rope
+
+def rope_ops(rotate):
+    """``(rope, rope_backward)`` of a backend from its ``rotate(x, positions, base, sign)``: x rotated
+    by ``sign * theta`` into a new tensor. The backward is the rotation by ``-theta``."""
+
+    def rope(x, positions, base):
+        return rotate(x, positions, base, 1.0), (positions,)
+
+    def rope_backward(dout, cache, needs, base):
+        (positions,) = cache
+        return (rotate(dout, positions, base, -1.0) if needs[0] else None), None
+
+    return rope, rope_backward
+
+
+# ----------------------------------------------------------------------------- embedding
+
+def embedding_ops(*, gather, scatter_add):
+    """``(embedding, embedding_backward)`` of a backend from its launches (N, D > 0 only):
+
+    - ``gather(idx, weight, out)`` copies rows ``idx`` (N,) of ``weight`` (V, D) into ``out`` (N, D);
+    - ``scatter_add(idx, dout, acc)`` adds row n of ``dout`` (N, D) into row idx[n] of the float32
+      ``acc`` (V, D), for the in-range indices.
+    """
+
+    def embedding(indices, weight):
+        D = weight.shape[1]
+        idx = indices.reshape(-1)  # (N,): a view unless indices cannot be flattened
+        out = torch.empty((idx.numel(), D), dtype=weight.dtype, device=weight.device)
+        if out.numel():
+            gather(idx, weight, out)
+        return out.reshape(*indices.shape, D), (indices, weight)
+
+    def embedding_backward(dout, cache, needs):
+        indices, weight = cache
+        if not needs[1]:
+            return None, None
+        idx = indices.reshape(-1)
+        acc = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # dweight in float32
+        if idx.numel() and weight.shape[1]:
+            scatter_add(idx, dout, acc)
+        return None, acc.to(weight.dtype)
+
+    return embedding, embedding_backward
