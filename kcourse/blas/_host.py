@@ -4,7 +4,7 @@ Each function here does what the two backends do alike (allocating outputs and w
 returns, which gradients to compute, how a cache is laid out) and leaves the launches to callables
 the backend passes in. An op's public functions (the dispatcher looks ``<op>`` and ``<op>_backward``
 up by name in ``kcourse.blas.<backend>.<op>``) are made by an ``<op>_ops`` factory here and bound
-there in one line, e.g. ``rope, rope_backward = _host.rope_ops(_rotate)``, so both backends take
+there in one line, e.g. ``rope, rope_backward = _host.rope_ops(rotate=_rotate)``, so both backends take
 the same launch helpers with the same signatures:
 
 - ``sm_count(device, off_gpu)``: the SM count of a CUDA device (cached), ``off_gpu`` elsewhere.
@@ -24,6 +24,7 @@ import functools
 import torch
 
 from ._layout import rows_of
+from ._rope import turns
 
 
 # ----------------------------------------------------------------------------- SM counts
@@ -141,16 +142,23 @@ def rms_norm_ops(norm_forward, norm_backward):
 
 # ----------------------------------------------------------------------------- rope
 
-def rope_ops(rotate):
-    """``(rope, rope_backward)`` of a backend from its ``rotate(x, positions, base, sign)``: x rotated
-    by ``sign * theta`` into a new tensor. The backward is the rotation by ``-theta``."""
+def rope_ops(*, rotate):
+    """``(rope, rope_backward)`` of a backend from its ``rotate(x, out, positions, table, sign)``:
+    out <- x (not empty) rotated by ``sign * theta``, table the (D/2,) float64 frequencies in full
+    turns per position (``_rope.turns``). The backward is the rotation by ``-theta``."""
+
+    def rotated(x, positions, base, sign):
+        out = torch.empty_like(x)  # laid out as x when x is dense
+        if x.numel():
+            rotate(x, out, positions, turns(x.shape[-1], base, x.device), sign)
+        return out
 
     def rope(x, positions, base):
-        return rotate(x, positions, base, 1.0), (positions,)
+        return rotated(x, positions, base, 1.0), (positions,)
 
     def rope_backward(dout, cache, needs, base):
         (positions,) = cache
-        return (rotate(dout, positions, base, -1.0) if needs[0] else None), None
+        return (rotated(dout, positions, base, -1.0) if needs[0] else None), None
 
     return rope, rope_backward
 

@@ -57,7 +57,6 @@ from cutlass import Float32, Float64, Int32, Int64, const_expr
 
 from .._layout import strided_layout
 from .. import _host
-from .._rope import turns
 from . import _compile, _reduce
 from ._elementwise import coordinate
 
@@ -164,14 +163,10 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _rotate(x, positions, base, sign):
-    """``x`` rotated by ``sign * theta``, into a new tensor laid out as ``x`` when it is dense."""
-    out = torch.empty_like(x)
-    if not x.numel():
-        return out
+def _rotate(x, out, positions, table, sign):
+    """``out`` <- ``x`` (not empty) rotated by ``sign * theta``; ``table``: ``_rope.turns``."""
     T, D = x.shape[-2:]
     half = D // 2
-    table = turns(D, base, x.device)  # (D/2,) float64: each frequency in full turns per position
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
     if N == 1:  # no leading dims: their strides are never used
@@ -193,7 +188,6 @@ def _rotate(x, positions, base, sign):
                     _compile.pointer(out, vec * out.element_size()), pos,
                     _compile.PointerArg(table.data_ptr(), Float64, 8), D, T,
                     0 if positions is None else positions.stride(0), sign, grid, *lead, *x_strides, *out_strides)
-    return out
 
 
-rope, rope_backward = _host.rope_ops(_rotate)
+rope, rope_backward = _host.rope_ops(rotate=_rotate)

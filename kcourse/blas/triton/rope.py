@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 import triton
 import triton.language as tl
 
 from .. import _host
-from .._rope import turns
 from ._launch import strided_layout, strided_offsets
 
 TWO_PI = tl.constexpr(2 * math.pi)
@@ -59,14 +57,10 @@ def rope_kernel(x_ptr, out_ptr, pos_ptr, turns_ptr, N, T, HALF, lead_shape, x_le
         tl.store(out_rows + (i + HALF)[None, :] * stride_od, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rotate(x, positions, base, sign):
-    """``x`` rotated by ``sign * theta``, into a new tensor laid out as ``x`` when it is dense."""
-    out = torch.empty_like(x)
-    if not x.numel():
-        return out
+def _rotate(x, out, positions, table, sign):
+    """``out`` <- ``x`` (not empty) rotated by ``sign * theta``; ``table``: ``_rope.turns``."""
     T, D = x.shape[-2:]
     half = D // 2
-    table = turns(D, base, x.device)  # (D/2,) float64
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead_shape, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
     block_h = min(triton.next_power_of_2(half), 128)
@@ -76,7 +70,6 @@ def _rotate(x, positions, base, sign):
                       x.stride(-2), x.stride(-1), out.stride(-2), out.stride(-1),
                       positions.stride(0) if positions is not None else 0, sign,
                       BLOCK_N=block_n, BLOCK_H=block_h, num_warps=NUM_WARPS)
-    return out
 
 
-rope, rope_backward = _host.rope_ops(_rotate)
+rope, rope_backward = _host.rope_ops(rotate=_rotate)
