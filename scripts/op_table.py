@@ -27,9 +27,11 @@ START, END = "<!-- op-table:start -->", "<!-- op-table:end -->"
 
 
 def exports(backend: str, op: str) -> bool:
-    """Does ``kcourse/blas/<backend>/<op>.py`` define a function named ``op``? (read, not imported)"""
+    """Does ``kcourse/blas/<backend>/<op>.py`` define ``op``, by ``def op(`` or as a module-level
+    name assigned (``op, op_backward = _host.op_ops(...)``)? (read, not imported)"""
     path = ROOT / "kcourse" / "blas" / backend / f"{op}.py"
-    return path.exists() and re.search(rf"^def {op}\(", path.read_text(), re.M) is not None
+    pattern = rf"^(def {op}\(|{op}\b[\w, ]* = )"
+    return path.exists() and re.search(pattern, path.read_text(), re.M) is not None
 
 
 def device_class(device: str) -> str:
