@@ -162,8 +162,7 @@ TMA_CASES = [
 def triton_tma(monkeypatch):
     """Records each gemm the triton backend sends to its Hopper kernel. On an sm_90 GPU the kernel is
     tuned over two configs only (a 128 x 256 and a 128 x 64 tile: both tile paths, and the tuning
-    runs of an in-place product, for few compiles; scripts/gpu_checks/triton_gemm.py checks every
-    config); without a GPU the dispatcher's device check is bypassed, so the kernel runs through
+    runs of an in-place product, for few compiles); without a GPU the dispatcher's device check is bypassed, so the kernel runs through
     Triton's interpreter."""
     require_backend("triton")
     from kcourse.blas.triton import _gemm_tma, gemm as triton_gemm

@@ -32,7 +32,7 @@ one two-operand reduction: one round of shared memory and barriers, not two.
 A longer row is swept in ``CHUNK_D`` blocks, twice: row by row for its row sums (kept in a (N, 2)
 float32 scratch when a column sum is wanted too), then block of columns by block over the program's
 rows, adding the column sums and writing that block of dx beside them: x and dy are read twice
-(5NDs bytes; until the twentieth session three times: two sweeps for dx, then the column sums). With
+(5NDs bytes, not three times as two sweeps for dx and then the column sums would). With
 dx alone the two sweeps are per row; with the column sums alone, only the column sweep. Both loops
 are pipelined (``LONG_ROW_STAGES``), so that the next chunk's or row's loads are in flight.
 
