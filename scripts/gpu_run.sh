@@ -40,9 +40,11 @@ if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.
     -n 3 -m gpu -k cute -rf --durations=10 tests > "$out/tests-cute-large.log" 2>&1
   (( status |= $? )); tail -n 3 "$out/tests-cute-large.log"
 fi
-if [[ $what == gpt ]]; then  # training throughput, kcourse (triton) vs torch.nn, both architectures
-  for arch in gpt2 llama; do
-    timeout 120 python3 benchmarks/gpt.py --out "/tmp/gpt-$arch" --arch "$arch" --backend triton 2>&1 | tee -a "$out/gpt.log"
+if [[ $what == gpt ]]; then  # training throughput of GPT-2 124M: GPT_BACKENDS x GPT_VARIANTS against torch.nn, one call
+  for arch in ${GPT_ARCHS:-gpt2}; do
+    timeout ${GPT_TIMEOUT:-540} python3 -m benchmarks.gpt --out "/tmp/gpt-$arch" --arch "$arch" \
+      --backends ${GPT_BACKENDS:-pytorch,triton,cute} --variants ${GPT_VARIANTS:-eager,autocast} \
+      --time-limit ${GPT_TIME_LIMIT:-420} 2>&1 | tee -a "$out/gpt.log"
     cp "/tmp/gpt-$arch/gpt.json" "$out/gpt-$arch.json"
   done
 fi
