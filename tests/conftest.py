@@ -85,6 +85,14 @@ def _release_gpu_memory(request):
 def pytest_collection_modifyitems(config, items):
     if DEVICE == "cuda":
         return
+    # Whole Llama-like models through Triton's interpreter (tens of seconds each): -m slow on a CPU.
+    # Its ops (rope, swiglu, rms_norm, grouped-query attention) keep their own tests; the GPT-2-like
+    # models keep the whole-model triton tests in the default run.
+    slow = pytest.mark.slow
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("backend") == "triton" and params.get("arch") == "llama":
+            item.add_marker(slow)
     skip = pytest.mark.skip(reason="realistic-size GPU test: needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
