@@ -11,6 +11,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist workers share the machine's cores: one worker's intra-op threads beyond its share
+# only make the workers wait for each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 from kcourse.backend import OPS, has_kernel  # noqa: E402  (after the interpreter switch)
 
 from _util import DEVICE, require_backend  # noqa: E402
