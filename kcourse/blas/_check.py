@@ -190,7 +190,8 @@ def _solvable(terms: list[tuple[int, int, int]], d: int, budget: list[int]) -> b
     return False
 
 
-def _addressed(t: torch.Tensor) -> bool:
+def plain(t: torch.Tensor) -> bool:
+    """Is ``t`` an eager tensor holding memory (not a meta, fake, functional or wrapped tensor)?"""
     return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and not t.is_meta
 
 
@@ -199,7 +200,7 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     beyond, possibly True for views that only interleave (never False for views that overlap).
     Tensors without addresses (meta tensors, and the fake tensors torch.compile traces with) are
     taken as disjoint: the eager call on real tensors makes the check."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or not (_addressed(a) and _addressed(b)):
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or not (plain(a) and plain(b)):
         return False
     lo, hi = _span(a)
     o_lo, o_hi = _span(b)

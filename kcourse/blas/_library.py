@@ -5,8 +5,8 @@ autograd formulas registered here call them too. Each op is declared once, with
 
   - its implementation: the kernel of the backend named by its last argument, looked up by name
     (``kcourse.backend.resolve``); it runs on whichever device the tensors are on;
-  - a fake implementation: the output's shape, dtype and (contiguous) strides, computed from the
-    inputs' metadata alone, so ``torch.compile`` traces through the op without running it. It
+  - a fake implementation: the output's shape, dtype and strides, computed from the inputs'
+    metadata alone, so ``torch.compile`` traces through the op without running it. It
     runs the same validation as the eager call, so a traced call with bad arguments fails alike;
   - an autograd formula whose backward runs on the forward's backend: for the BLAS ops a pullback
     composed of these same ops, for the transformer primitives the backend's backward kernel,
@@ -62,16 +62,18 @@ def _cast(args: tuple, policy: str | None, device: str) -> tuple:
     """``args`` with their floating tensors on ``device`` cast as autocast ``policy`` says."""
     if policy is None:
         return args
-    floats = [a for a in args if isinstance(a, Tensor) and a.is_floating_point() and a.device.type == device]
+    def castable(a):
+        return isinstance(a, Tensor) and a.is_floating_point() and a.device.type == device
+
     if policy == "lower":
         dtype = torch.get_autocast_dtype(device)
     elif policy == "fp32":
         dtype = torch.float32
-    elif floats:
-        dtype = functools.reduce(torch.promote_types, (a.dtype for a in floats))
+    elif any(castable(a) for a in args):
+        dtype = functools.reduce(torch.promote_types, (a.dtype for a in args if castable(a)))
     else:
         return args
-    return tuple(a.to(dtype) if any(a is f for f in floats) and a.dtype != torch.float64 else a for a in args)
+    return tuple(a.to(dtype) if castable(a) and a.dtype != torch.float64 else a for a in args)
 
 
 AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
@@ -104,22 +106,17 @@ def _define(schema: str, impl: Callable, fake: Callable) -> str:
     return name
 
 
+def _autocasting(args: tuple) -> str | None:
+    """The device type of the first tensor in ``args`` if autocast is on for it, else None."""
+    device = next((a.device.type for a in args if isinstance(a, Tensor)), None)
+    return device if device in NO_AUTOCAST and torch.is_autocast_enabled(device) else None
+
+
 def autocast_inputs(name: str, *tensors):
     """``tensors`` as op ``name`` receives them under the active autocast (unchanged without one):
     the public API validates these, so that mixed dtypes that autocast reconciles pass."""
-    device = next((t.device.type for t in tensors if isinstance(t, Tensor)), "cpu")
-    policy = AUTOCAST.get(device, {}).get(name)
-    if policy is None or not torch.is_autocast_enabled(device):
-        return tensors
-    return _cast(tensors, policy, device)
-
-
-def _plain(args: tuple) -> bool:
-    """Are the tensor arguments plain eager tensors (not fake, functional, meta or wrapped ones)?"""
-    for a in args:
-        if isinstance(a, Tensor) and (type(a) is not Tensor and type(a) is not torch.nn.Parameter or a.is_meta):
-            return False
-    return True
+    device = _autocasting(tensors)
+    return tensors if device is None else _cast(tensors, AUTOCAST[device].get(name), device)
 
 
 def call(name: str, *args):
@@ -131,10 +128,11 @@ def call(name: str, *args):
     call than the dispatcher's Python autograd and autocast layers. Anything else (torch.compile
     tracing, fake or meta tensors, a TorchDispatchMode, functorch transforms) goes through
     ``torch.ops.kcourse``, where PyTorch sees the op whole."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or not _plain(args):
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            not all(_check.plain(a) for a in args if isinstance(a, Tensor)):
         return getattr(ops, name)(*args)
-    device = next((a.device.type for a in args if isinstance(a, Tensor)), "cpu")
-    if device in NO_AUTOCAST and torch.is_autocast_enabled(device):
+    device = _autocasting(args)
+    if device is not None:
         with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[device]):
             return _run(name, _cast(args, AUTOCAST[device].get(name), device))
     return _run(name, args)
@@ -146,8 +144,6 @@ def _run(name: str, args: tuple):
             any(isinstance(a, Tensor) and a.requires_grad for a in args):
         return function.apply(*args)
     return IMPLS[name](*args)
-
-
 
 
 def kernel(op: str, backend: str) -> Callable:
