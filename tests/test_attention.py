@@ -177,7 +177,7 @@ def test_attention_empty(backend, Tq, Tk):
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
 def test_attention_nan_scale(name, causal):
     """scale = NaN: every score is NaN, so by the formula the output and every gradient are NaN on
-    every backend (SDPA, behind the pytorch backend, returns zeros: issue 30)."""
+    every backend (SDPA itself, behind the pytorch backend, returns zeros)."""
     require_backend(name)
     q, k, v = qkv(1, 4, 2, 5, 7, 16)
     out, grads = forward_backward(kcourse_attention(name, causal=causal, scale=float("nan")), q, k, v,

@@ -1,4 +1,4 @@
-"""kcourse ops under torch.autocast (issue 28, item 3): each op's output dtype is that of the torch op
+"""kcourse ops under torch.autocast each op's output dtype is that of the torch op
 it stands for under the same autocast; float64 is never cast; gradients reach float32 leaves as
 float32; a tiny GPT with float32 weights under autocast matches torch.nn under autocast."""
 import pytest

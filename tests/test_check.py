@@ -104,7 +104,7 @@ def test_disjoint_views_of_one_buffer_are_fine(any_backend):
 
 def test_interleaved_views_are_not_aliases(any_backend):
     """Views of one buffer whose address ranges interleave but that share no element are accepted;
-    views that share one are refused (issue 30 item 8: the check compared address ranges)."""
+    views that share one are refused."""
     b = any_backend
     buf = randn(10)
     blas.copy_(buf[0::2], buf[1::2], backend=b)
@@ -158,7 +158,7 @@ def test_overlap_is_exact_for_1d_and_2d_views():
 
 def test_meta_tensors_refused_by_kernel_backends():
     """triton and cute kernels read data: meta tensors are refused naming the op and the argument
-    (issue 30 item 9: triton raised NotImplementedError 'Cannot copy out of meta tensor')."""
+    (rather than a bare NotImplementedError 'Cannot copy out of meta tensor' from torch)."""
     from kcourse.blas import _check
 
     x = torch.empty(3, 4, device="meta")

@@ -1,4 +1,4 @@
-"""torch.compile of kcourse models (issue 28, item 2): GPT (GPT-2-like and Llama-like) and every
+"""torch.compile of kcourse models GPT (GPT-2-like and Llama-like) and every
 module trace whole (``fullgraph=True``, no graph break) and give eager's loss and gradients;
 dynamic batch and sequence length recompile at most once per shape class; the backend switch is a
 guard; a traced call with bad arguments raises the eager error.

@@ -55,7 +55,7 @@ def test_copy_large(backend, n):
 
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
 def test_copy_between_interleaved_views_of_one_buffer(name):
-    # the even and the odd elements of one buffer share no element: not an alias (issue 30 item 8)
+    # the even and the odd elements of one buffer share no element: not an alias
     from _util import require_backend
 
     require_backend(name)

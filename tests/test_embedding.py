@@ -89,7 +89,7 @@ def test_embedding_empty(backend):
 @pytest.mark.parametrize("D", [3, 0])
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
 def test_embedding_no_columns(name, D):
-    # D = 0: an empty output and an empty (V, 0) gradient (issue 30 item 4: the python backward failed)
+    # D = 0: an empty output and an empty (V, 0) gradient
     require_backend(name)
     weight = randn(5, D).requires_grad_(True)
     idx = torch.tensor([[1, 4], [4, 0]], device=DEVICE)
@@ -106,7 +106,7 @@ def test_embedding_no_columns(name, D):
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton"])
 def test_embedding_out_of_range_raises(name, index_dtype):
     # every backend refuses an index outside [0, V) naming the op, the argument, the entry and its
-    # value (issue 30 item 5: a bare "index out of range in self", or NaN rows on triton)
+    # value (not torch's bare "index out of range in self", nor NaN rows)
     require_backend(name)
     weight = randn(10, 3)
     for bad, at in [(-1, "[1]"), (10, "[1]"), (1000, "[1]")]:

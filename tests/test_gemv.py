@@ -70,7 +70,7 @@ def test_gemv_large(backend, dtype, shape, layout):
 @pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
 def test_gemv_target_beside_A_in_one_buffer(name):
     # y the last column of a buffer whose first four columns are A: disjoint, though their address
-    # ranges interleave (issue 30 item 8); the product is written there and nowhere else
+    # ranges interleave; the product is written there and nowhere else
     from _util import require_backend
 
     require_backend(name)

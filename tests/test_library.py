@@ -1,4 +1,4 @@
-"""kcourse ops as torch.library custom ops (issue 28, item 1): every op exists as
+"""kcourse ops as torch.library custom ops every op exists as
 ``torch.ops.kcourse.<op>`` (the in-place variants declared as mutating their target, the
 primitives with their ``<op>_backward``); ``torch.library.opcheck`` passes for each on the python
 and pytorch backends; under FakeTensorMode the public ops give the eager output's metadata and the
