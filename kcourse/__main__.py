@@ -39,8 +39,11 @@ def train(argv: list[str]) -> int:
     path = _checkout_file("examples/train_gpt.py", "train")
     if path is None:
         return 2
-    sys.argv = [str(path), *argv]
-    runpy.run_path(str(path), run_name="__main__")
+    saved, sys.argv = sys.argv, [str(path), *argv]  # the example parses sys.argv, as when run as a script
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv = saved
     return 0
 
 

@@ -50,7 +50,9 @@ def test_bench_and_train_outside_a_checkout(monkeypatch, tmp_path, capsys):
 
 
 def test_train_passes_its_arguments_to_the_example(capsys):
+    argv = list(sys.argv)
     with pytest.raises(SystemExit) as exit_:
         cli.main(["train", "--help"])
     assert exit_.value.code == 0
     assert "--backend" in capsys.readouterr().out
+    assert sys.argv == argv  # restored: a later argparse user in the process (CuTe DSL's) must not see --help
