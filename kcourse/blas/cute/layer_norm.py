@@ -10,8 +10,8 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight:
 FLOPs ~7ND forward, ~13ND backward; bytes 2NDs forward, 3NDs backward (+ the float32 partials of
 dweight and dbias): memory bound. The kernels, shared with rms_norm, are in ``_norm.py``
 (``center=True`` here): rows kept in registers, warp-shuffle then shared-memory row sums, and a
-deterministic two-stage reduction for dweight and dbias. The cache holds x and the
-float32 mean and rstd (N,), as triton's does.
+deterministic two-stage reduction for dweight and dbias. The cache holds x, weight and
+the float32 mean and rstd (N,), as triton's does.
 """
 from .. import _host
 from ._norm import norm_backward, norm_forward

@@ -8,7 +8,7 @@ Backward, with xhat = x * rstd and g = dy * weight:
 
 FLOPs ~4ND forward, ~9ND backward; bytes 2NDs forward, 3NDs backward (+ the float32 partials of
 dweight): memory bound. The kernels, shared with layer_norm, are in ``_norm.py`` (``center=False``:
-no mean). The cache holds x and the float32 rstd (N,), as triton's does.
+no mean). The cache holds x, weight and the float32 rstd (N,), as triton's does.
 """
 from .. import _host
 from ._norm import norm_backward, norm_forward

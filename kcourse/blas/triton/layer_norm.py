@@ -7,8 +7,8 @@ Backward, with xhat = (x - mean) * rstd and g = dy * weight:
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy
 
-The kernels, shared with rms_norm, are in ``_norm.py`` (``CENTER=True`` here). The cache holds x as
-(N, D) rows and the float32 mean and rstd (N,).
+The kernels, shared with rms_norm, are in ``_norm.py`` (``CENTER=True`` here). The cache holds x,
+weight and the float32 mean and rstd (N,) (``_host.layer_norm_ops``).
 """
 from .. import _host
 from ._norm import norm_backward, norm_forward

@@ -7,7 +7,7 @@ Backward, with xhat = x * rstd and g = dy * weight:
     dx = rstd * (g - xhat * mean(g * xhat)),   dweight = sum_rows dy * xhat
 
 The kernels, shared with layer_norm, are in ``_norm.py`` (``CENTER=False``: no mean). The cache
-holds x and the float32 rstd (N,).
+holds x, weight and the float32 rstd (N,) (``_host.rms_norm_ops``).
 """
 from .. import _host
 from ._norm import norm_backward, norm_forward
