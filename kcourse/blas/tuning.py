@@ -12,8 +12,8 @@ op                        table                                 fields
 ========================  ====================================  ===================================
 softmax, log_softmax      ``kcourse.blas.cute._rows.LAUNCH``    cluster, row_threads, backward_threads
 cross_entropy             ``kcourse.blas.cute.cross_entropy``   cluster
-layer_norm, rms_norm      ``kcourse.blas.cute._norm.LAUNCH``    backward_threads, backward_ctas_per_sm,
-                                                                backward_prefetch
+layer_norm, rms_norm      ``kcourse.blas.cute._norm.LAUNCH``    row_threads, backward_threads,
+                                                                backward_ctas_per_sm, backward_prefetch
 attention                 ``kcourse.blas.cute.attention``       the Hopper forward's and backward's
                                                                 walk, buffers and stores
 ========================  ====================================  ===================================

@@ -253,8 +253,8 @@ class Tiles:
 
         These sums run over the whole sequence (O, dV, dK, dQ), tile after tile. In "3xtf32" the
         tile's product goes into a fresh fragment that is then added to acc in IEEE float32: the
-        tensor cores' float32 accumulation truncates, and that bias, kept over 1024 keys, left errors
-        ~ T 2^-24 |term| (2x the tests' float32 tolerance at T = 1024, H100); now it spans one tile."""
+        tensor cores' float32 accumulation truncates, and that bias, kept over 1024 keys, leaves errors
+        ~ T 2^-24 |term| (2x the tests' float32 tolerance at T = 1024, H100); this way it spans one tile."""
         copy_b, tXsB, rB, tXrB = b_op
         a = self.as_operand_a(p)
         part = acc
@@ -275,9 +275,9 @@ class Tiles:
         key 2 t + j).
 
         The TF32 copy must be compact: ``cute.gemm`` (DSL 4.x) reads an operand fragment whose value
-        mode has out-of-order strides wrongly. Given the swapped view, value mode (2, 2):(2, 1), it fed
+        mode has out-of-order strides wrongly. Given the swapped view, value mode (2, 2):(2, 1), it feeds
         a0..a3 the registers at offsets 0, 1, 1, 2 (accumulator (g, 2t), (g, 2t+1), (g, 2t+1), (g+8, 2t))
-        instead of 0, 2, 1, 3: every float32 output was O(1) wrong. The element copy costs no
+        instead of 0, 2, 1, 3: every float32 output would be O(1) wrong. The element copy costs no
         instruction (register renaming)."""
         if cutlass.const_expr(self.tf32):
             s = p.layout.stride

@@ -548,7 +548,7 @@ _DESCRIPTOR_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TensorDesc
 def _descriptor(t: torch.Tensor, strides) -> TensorDescriptor:
     """``TensorDescriptor(t, t.shape, (*strides, 1), (1, 1, 1, D))`` without the dataclass's checks
     (alignment, strides, box sizes), which ``tma_strides`` and the configs' boxes satisfy already:
-    four descriptors a call, their checks were ~10 us of host time, and the short kernels wait on
+    four descriptors a call, their checks cost ~10 us of host time, and the short kernels wait on
     the host (the module's docstring)."""
     descriptor = object.__new__(TensorDescriptor)
     descriptor.__dict__.update(_DESCRIPTOR_DEFAULTS, base=t, shape=list(t.shape), strides=[*strides, 1],
