@@ -6,16 +6,32 @@ import torch
 from .. import blas
 from .attention import Attention
 from .base import Module
-from .mlp import MLP, SwiGLU
+from .mlp import ACTIVATIONS, MLP, SwiGLU
 from .norm import LayerNorm, RMSNorm
 
 
-def make_norm(kind: str, dim: int, bias: bool, backend):
+def make_norm(kind: str, dim: int, bias: bool, eps: float | None, backend):
+    """The norm named ``kind``; ``eps`` None: the module's default (1e-5 LayerNorm, 1e-6 RMSNorm)."""
+    kwargs = {} if eps is None else {"eps": eps}
     if kind == "layernorm":
-        return LayerNorm(dim, bias=bias, backend=backend)
+        return LayerNorm(dim, bias=bias, backend=backend, **kwargs)
     if kind == "rmsnorm":
-        return RMSNorm(dim, backend=backend)
+        return RMSNorm(dim, backend=backend, **kwargs)
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+def make_feed_forward(c, backend):
+    """``c.activation`` (else ``c.mlp``): "swiglu" makes a SwiGLU, an MLP activation an MLP."""
+    if c.activation is not None and c.mlp not in ("gelu", c.activation):
+        raise ValueError(f"GPTConfig: mlp={c.mlp!r} and activation={c.activation!r} disagree; set activation alone")
+    activation = c.activation or c.mlp
+    hidden = c.mlp_hidden or 4 * c.n_embd
+    bias = c.bias if c.mlp_bias is None else c.mlp_bias
+    if activation == "swiglu":
+        return SwiGLU(c.n_embd, hidden, bias, backend)
+    if activation in ACTIVATIONS:
+        return MLP(c.n_embd, hidden, activation, bias, backend)
+    raise ValueError(f"activation must be 'swiglu' or one of {', '.join(ACTIVATIONS)}, got {activation!r}")
 
 
 class Block(Module):
@@ -24,18 +40,13 @@ class Block(Module):
     def __init__(self, config, backend=None):
         super().__init__(backend)
         c = config
-        self.ln_1 = make_norm(c.norm, c.n_embd, c.bias, backend)
+        self.ln_1 = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps, backend)
         self.attn = Attention(c.n_embd, c.n_head, c.n_kv_head, causal=True, rope=c.pos == "rope",
-                              bias=c.bias, backend=backend)
-        self.ln_2 = make_norm(c.norm, c.n_embd, c.bias, backend)
-        hidden = c.mlp_hidden or 4 * c.n_embd
-        if c.mlp == "gelu":
-            self.mlp = MLP(c.n_embd, hidden, "gelu", c.bias, backend)
-        elif c.mlp == "swiglu":
-            self.mlp = SwiGLU(c.n_embd, hidden, c.bias, backend)
-        else:
-            raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {c.mlp!r}")
+                              bias=c.bias if c.attn_bias is None else c.attn_bias, rope_base=c.rope_theta,
+                              head_dim=c.head_dim, backend=backend)
+        self.ln_2 = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps, backend)
+        self.mlp = make_feed_forward(c, backend)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        x = blas.axpby(self.attn(self.ln_1(x)), x, backend=self.backend)  # x + attn(ln_1(x))
+    def forward(self, x: torch.Tensor, cache=None, layer: int = 0) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        x = blas.axpby(self.attn(self.ln_1(x), cache, layer), x, backend=self.backend)  # x + attn(ln_1(x))
         return blas.axpby(self.mlp(self.ln_2(x)), x, backend=self.backend)  # x + mlp(ln_2(x))

@@ -10,28 +10,37 @@ import torch.nn as nn
 from .. import blas
 from .base import Module
 from .block import Block, make_norm
+from .generate import KVCache, generate, spans
 from .linear import Embedding, Linear
 
 
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304
-    block_size: int = 1024
+    block_size: int = 1024  # the most positions: the position table's rows, the KV cache's length
     n_layer: int = 12
     n_head: int = 12
     n_kv_head: int | None = None  # None: as many as n_head (multi-head); fewer: grouped-query
     n_embd: int = 768
-    mlp: str = "gelu"  # "gelu" | "swiglu"
+    mlp: str = "gelu"  # "gelu" | "swiglu": the feed-forward when activation is None
     norm: str = "layernorm"  # "layernorm" | "rmsnorm"
     pos: str = "learned"  # "learned" | "rope"
-    bias: bool = True
+    bias: bool = True  # the norms' bias, and attn_bias, mlp_bias where those are None
     tie_weights: bool = True
     mlp_hidden: int | None = None  # None: 4 * n_embd
+    activation: str | None = None  # "gelu" | "gelu_tanh" | "relu" | "silu" (an MLP) | "swiglu"; None: mlp
+    norm_eps: float | None = None  # None: 1e-5 (layernorm), 1e-6 (rmsnorm)
+    rope_theta: float = 10000.0  # rope's base: angles p * rope_theta^(-2i/head_dim)
+    head_dim: int | None = None  # None: n_embd // n_head
+    attn_bias: bool | None = None  # biases of c_attn and c_proj; None: bias
+    mlp_bias: bool | None = None  # biases of the feed-forward's projections; None: bias
 
 
 class GPT(Module):
     """A decoder-only transformer; GPT-2-like (gelu, layernorm, learned positions, bias) or
-    Llama-like (swiglu, rmsnorm, rope, grouped-query, no bias) through ``GPTConfig``."""
+    Llama-like (swiglu, rmsnorm, rope, grouped-query, no bias) through ``GPTConfig``. ``from_hf`` and
+    ``to_hf`` convert transformers' GPT-2 and Llama (hf.py); ``generate`` decodes with a KV cache
+    (generate.py)."""
 
     def __init__(self, config: GPTConfig, backend=None):
         super().__init__(backend)
@@ -43,7 +52,7 @@ class GPT(Module):
         if self.wpe is not None:  # 0..block_size-1 made once, not an arange kernel per forward; not in the state dict
             self.register_buffer("positions", torch.arange(c.block_size), persistent=False)
         self.h = nn.ModuleList(Block(c, backend) for _ in range(c.n_layer))
-        self.ln_f = make_norm(c.norm, c.n_embd, c.bias, backend)
+        self.ln_f = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps, backend)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False, backend=backend)
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -59,39 +68,78 @@ class GPT(Module):
         if isinstance(m, Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None):
         """``idx (B, T)`` token ids -> ``(logits (B, T, V), loss)``; loss is the mean cross-entropy
-        against ``targets (B, T)`` (entries -100 ignored), or None without targets."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self.wte(idx)  # (B, T, C)
-        if self.wpe is not None:
-            pos = self.wpe(self.positions[:T])  # (T, C)
-            x = blas.axpby(x, pos.expand_as(x), backend=self.backend)  # tokens + positions
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        against ``targets (B, T)`` (entries -100 ignored), or None without targets.
+
+        ``attention_mask (B, T)``: 1 for a token, 0 for padding, each row's tokens one contiguous run
+        (left or right padding). Each row's tokens are computed as if alone, at positions 0, 1, ...
+        (transformers' ``position_ids = cumsum(mask) - 1``); padding gets logits 0 and no loss."""
+        if attention_mask is None:
+            logits = self.lm_head(self.hidden_states(idx))  # (B, T, V)
+        else:
+            logits = self._padded_logits(idx, attention_mask)
+            targets = None if targets is None else targets.masked_fill(attention_mask == 0, -100)
         loss = None
         if targets is not None:
+            B, T = idx.shape
             loss = blas.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T), backend=self.backend)
         return logits, loss
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None) -> torch.Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; ``temperature`` 0 is greedy."""
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
-            logits = self(context)[0][:, -1, :]  # (B, V)
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = blas.scal(logits, 1.0 / temperature, backend=self.backend)
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = blas.softmax(logits, dim=-1, backend=self.backend)
-                nxt = torch.multinomial(probs.float(), num_samples=1)  # (B, 1)
-            idx = torch.cat([idx, nxt], dim=1)
-        return idx
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The final norm's output ``(B, T, C)`` for ``idx (B, T)``, what the head reads; with ``cache``
+        (see ``kv_cache``), ``idx`` holds the tokens at positions ``cache.pos ..``, which it appends."""
+        B, T = idx.shape
+        pos = 0 if cache is None else cache.pos
+        if pos + T > self.config.block_size:
+            raise ValueError(f"GPT: sequence length {pos + T} exceeds block_size {self.config.block_size}")
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            p = self.wpe(self.positions[pos:pos + T])  # (T, C)
+            x = blas.axpby(x, p.expand_as(x), backend=self.backend)  # tokens + positions
+        for i, block in enumerate(self.h):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        return self.ln_f(x)
+
+    def _padded_logits(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, T, V)`` of each span of tokens, the rows of one span as one batch; 0 at padding."""
+        B, T = idx.shape
+        logits = None
+        for (start, length), rows in spans(attention_mask, idx.shape).items():
+            if length:
+                part = self.lm_head(self.hidden_states(idx[rows, start:start + length]))  # (rows, length, V)
+                logits = part.new_zeros(B, T, part.shape[-1]) if logits is None else logits
+                logits[rows, start:start + length] = part
+        return self.wte.weight.new_zeros(B, T, self.config.vocab_size) if logits is None else logits
+
+    def kv_cache(self, max_len: int) -> KVCache:
+        """An empty ``KVCache`` of ``max_len`` positions for ``hidden_states(idx, cache)``."""
+        if not 0 < max_len <= self.config.block_size:
+            raise ValueError(f"GPT.kv_cache: max_len ({max_len}) must be in 1..block_size "
+                             f"({self.config.block_size}), the positions the model has")
+        return KVCache(len(self.h), max_len, self.wte.weight.device)
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 use_cache: bool = True, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``idx (B, T)`` followed by ``max_new_tokens`` sampled tokens: ``(B, T + max_new_tokens)``.
+
+        ``temperature`` 0 is greedy; ``top_k`` keeps the k most likely tokens. ``use_cache``: a
+        ``KVCache`` of up to ``block_size`` positions, so each step computes only its new token;
+        past ``block_size`` (and without it) each step recomputes the last ``block_size`` tokens.
+        ``attention_mask (B, T)``: left padding (0s, then 1s), each row generated as if unpadded."""
+        return generate(self, idx, max_new_tokens, temperature, top_k, use_cache, attention_mask)
+
+    @classmethod
+    def from_hf(cls, model, backend=None) -> "GPT":
+        """The GPT of a transformers ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or their base models
+        (``GPT2Model``; ``LlamaModel`` with tied embeddings): its config and a copy of its weights."""
+        from .hf import from_hf
+        return from_hf(model, backend)
+
+    def to_hf(self):
+        """This model as a transformers ``GPT2LMHeadModel`` or ``LlamaForCausalLM``, weights copied."""
+        from .hf import to_hf
+        return to_hf(self)
