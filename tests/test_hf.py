@@ -147,3 +147,12 @@ def test_to_hf_refuses_what_no_transformers_class_holds(changes, match):
     config = GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=4, n_embd=32, **changes)
     with pytest.raises(ValueError, match=match):
         GPT(config).to_hf()
+
+
+def test_example_script_loads_a_checkpoint_checks_and_generates(tmp_path):
+    from test_training import example
+
+    script = example("hf_generate")
+    script.build("llama").save_pretrained(tmp_path)
+    result = script.main(["--checkpoint", str(tmp_path), "--max-new-tokens", "4", "--device", DEVICE])
+    assert result["logit_error"] < result["rtol"] and result["greedy_identical"] and result["text"]
