@@ -126,6 +126,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_runtest_logreport(report):
+    # KCOURSE_FAIL_LOG=path: each failure's report is appended as it arrives, so a run stopped by a
+    # time limit (a device call) keeps what failed and why
+    path = os.environ.get("KCOURSE_FAIL_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(f"{'=' * 30} {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
     for key, value in report.user_properties:
         if key == "kcourse" and report.when == "call" and not report.skipped:
             op, backend = value
