@@ -31,6 +31,23 @@ lets inductor replay them as CUDA graphs, the compiled counterpart of --cuda-gra
 combined with --compile. Evaluation and sampling run the model uncompiled (under autocast with --amp).
 
     python examples/train_gpt.py --backend triton --device cuda --steps 2000 --out runs/gpt-gpu --compile
+
+Under torchrun, one process per GPU (or per CPU rank, over gloo) trains the same model with
+--dist ddp (each rank a whole replica, gradients all-reduced) or --dist fsdp (FSDP2: each rank a
+shard of every parameter, fully_shard per Block and then the root; with --amp, bfloat16 parameters
+for compute and float32 gradient reduction). --batch-size is the global batch: every rank draws the
+same windows and takes every world-th one (DistributedSampler's split), so the losses are those of
+one process at the same batch. Rank 0 alone prints, plots and writes losses.json; --dist fsdp
+checkpoints into --out/checkpoint/ (torch.distributed.checkpoint: every rank writes its shards),
+the other modes into --out/checkpoint.pt, and --resume reads either with any number of ranks.
+--compile compiles each Block's forward (DDP's and FSDP2's hooks around it stay eager). Every rank
+must resolve the same backend (--backend, else KCOURSE_BACKEND): a mismatch stops every rank.
+On several nodes, the same command on each (and --out on a file system they all see):
+
+    torchrun --nproc_per_node 2 examples/train_gpt.py --dist ddp --backend triton --batch-size 32 --out runs/ddp
+    torchrun --nproc_per_node 8 examples/train_gpt.py --dist fsdp --backend cute --batch-size 64 --out runs/fsdp --resume
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+        examples/train_gpt.py --dist fsdp --backend cute --batch-size 128 --out /shared/runs/fsdp
 """
 from __future__ import annotations
 
@@ -40,14 +57,18 @@ import json
 import math
 import sysconfig
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 import kcourse
+from kcourse import distributed
 from kcourse.modules import GPT, GPTConfig
 
 WARMUP = 3  # eager steps before --cuda-graph captures one: kernels compiled and tuned, optimizer state made
+# FSDP2 warns that a module's output is a view (GPT's logits); nothing here writes into them in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
 def corpus(max_bytes: int) -> torch.Tensor:
@@ -70,8 +91,11 @@ def unigram_entropy(data: torch.Tensor) -> float:
     return float(-(p * p.log()).sum())
 
 
-def batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator, device):
-    starts = torch.randint(0, data.numel() - block - 1, (batch_size,), generator=gen)
+def batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator, device,
+          group: distributed.Group = distributed.Group()):
+    """This rank's share of a batch of ``batch_size`` random windows: every rank draws the same
+    windows from ``gen`` and takes rows rank, rank + world, ... (DistributedSampler's split)."""
+    starts = torch.randint(0, data.numel() - block - 1, (batch_size,), generator=gen)[group.rank::group.world]
     offsets = starts[:, None] + torch.arange(block + 1)  # (B, T + 1)
     seq = data[offsets].to(device)
     return seq[:, :-1], seq[:, 1:]  # inputs, targets: (B, T) each
@@ -79,15 +103,19 @@ def batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator,
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="pytorch", choices=kcourse.backend.NAMES)
+    p.add_argument("--backend", default=None, choices=kcourse.backend.NAMES,
+                   help="default: the KCOURSE_BACKEND environment variable, else pytorch")
+    p.add_argument("--dist", default=None, choices=distributed.MODES,
+                   help="under torchrun: ddp (a whole model per rank) or fsdp (FSDP2: a shard per rank)")
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps (a resumed run continues to it)")
     p.add_argument("--out", type=Path, default=Path("runs/gpt"))
-    p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--stop-at", type=int, default=None,
                    help="stop (and checkpoint) after this step, as an interruption would; --resume continues")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="the global batch: under torchrun each rank takes an equal share")
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--n-layer", type=int, default=3)
     p.add_argument("--n-head", type=int, default=4)
@@ -108,7 +136,18 @@ def parse_args(argv=None):
                    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                    help="torch.compile's mode (implies --compile); reduce-overhead and max-autotune need CUDA")
     args = p.parse_args(argv)
+    args.backend = args.backend or kcourse.get_backend()
     cuda = torch.device(args.device).type == "cuda"
+    world = distributed.world_size()
+    if args.dist and not distributed.launched():
+        p.error(f"--dist {args.dist} runs one process per GPU: start it with "
+                f"torchrun --nproc_per_node N examples/train_gpt.py --dist {args.dist} ...")
+    if world > 1 and not args.dist:
+        p.error(f"torchrun started {world} processes: pass --dist ddp or --dist fsdp")
+    if args.batch_size % world:
+        p.error(f"--batch-size {args.batch_size} is the global batch: it must be a multiple of the {world} processes")
+    if args.dist and args.cuda_graph:
+        p.error("--cuda-graph captures one process's step: it does not combine with --dist")
     if args.cuda_graph and not cuda:
         p.error("--cuda-graph needs a CUDA --device")
     if args.amp is None:
@@ -124,22 +163,23 @@ def parse_args(argv=None):
     return args
 
 
-def build(args) -> tuple[GPT, torch.optim.Optimizer]:
+def build(args, group: distributed.Group, device: torch.device) -> tuple[GPT, torch.optim.Optimizer]:
+    """The model, wrapped for ``group`` (DDP, or sharded in place by FSDP2), and AdamW over its parameters."""
     extra = dict(mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=max(1, args.n_head // 2), bias=False) \
         if args.llama else {}
     config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, **extra)
-    model = GPT(config, backend=args.backend).to(args.device, getattr(torch, args.dtype))
+    model = GPT(config, backend=args.backend).to(device, getattr(torch, args.dtype))
+    model = distributed.wrap(model, group, device, amp=args.amp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    place_optimizer(optimizer, args.device)
     return model, optimizer
 
 
 def place_optimizer(optimizer: torch.optim.Optimizer, device) -> None:
     """On CUDA, AdamW keeps its learning rate and step counts on the device (capturable=True): no host
     sync per step, and a CUDA graph of the step reads the lr that ``set_lr`` fills in. Elsewhere they
-    are plain numbers on the CPU. Applied after building and after loading a checkpoint (which may
-    come from another device)."""
+    are plain numbers on the CPU. Applied after building and loading a checkpoint (which may come
+    from another device)."""
     cuda = torch.device(device).type == "cuda"
     for group in optimizer.param_groups:
         lr = float(group["lr"])
@@ -174,7 +214,8 @@ def autocast(args):
 
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                amp=contextlib.nullcontext) -> torch.Tensor:
-    """One step; ``amp()`` makes the context of the forward (``lambda: autocast(args)``)."""
+    """One step; ``amp()`` makes the context of the forward (``lambda: autocast(args)``). Under FSDP2
+    the parameters and gradients are DTensors: clip_grad_norm_ reduces the norm over the shards."""
     with amp():
         _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
@@ -218,51 +259,63 @@ def capture(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: to
     return step
 
 
+def run_state(gen: torch.Generator, losses: list[float], step: int) -> dict:
+    """What a checkpoint keeps besides the model and the optimizer, for a resumed run to go on exactly."""
+    return {"generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "losses": losses, "step": step}
+
+
 def train(args) -> list[float]:
-    """Run (or resume) training; returns the whole loss sequence, one value per step."""
-    torch.manual_seed(args.seed)
+    """Run (or resume) training; returns the whole loss sequence (the global batch's), one value per step."""
+    group, device = distributed.init(args.dist, args.device)
+    distributed.same_on_every_rank("backend", args.backend)
+    args.device = str(device)  # under torchrun: this rank's GPU
+    say = print if group.main else lambda *_, **__: None
+    torch.manual_seed(args.seed)  # the same on every rank: FSDP2 shards the model each rank builds
     data = corpus(args.corpus_bytes)
     split = int(0.9 * data.numel())
     train_data, val_data = data[:split], data[split:]
-    model, optimizer = build(args)
+    model, optimizer = build(args, group, device)
     gen = torch.Generator().manual_seed(args.seed)
     losses, start = [], 0
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = args.out / "checkpoint.pt"
+    ckpt_path = args.out / "checkpoint"
     if args.resume:
-        ckpt = torch.load(ckpt_path, map_location=args.device, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        place_optimizer(optimizer, args.device)
-        gen.set_state(ckpt["generator"].cpu())
-        torch.set_rng_state(ckpt["torch_rng"].cpu())  # map_location moved it to the device
-        losses, start = ckpt["losses"], ckpt["step"]
+        saved = distributed.load(ckpt_path, model, optimizer, run_state(gen, [], 0))
+        gen.set_state(saved["generator"])
+        torch.set_rng_state(saved["torch_rng"])
+        losses, start = saved["losses"], saved["step"]
+    place_optimizer(optimizer, device)
 
     entropy = unigram_entropy(train_data)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the whole parameter's
     compiled = f", torch.compile (mode {args.compile_mode or 'default'})" if args.compile else ""
-    print(f"backend {args.backend} on {args.device} ({args.dtype} weights{', autocast bfloat16' if args.amp else ''}"
-          f"{compiled}{', CUDA graph' if args.cuda_graph else ''}); {n_params / 1e6:.2f}M parameters; "
-          f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats", flush=True)
+    ranks = f", {args.dist} over {group.world} processes" if args.dist else ""
+    say(f"backend {args.backend} on {args.device} ({args.dtype} weights{', autocast bfloat16' if args.amp else ''}"
+        f"{compiled}{', CUDA graph' if args.cuda_graph else ''}{ranks}); {n_params / 1e6:.2f}M parameters; "
+        f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats", flush=True)
     end = min(args.steps, args.stop_at) if args.stop_at else args.steps
     steps = range(start, end)
     forward = model
     if args.compile:
         mode = None if args.compile_mode in (None, "default") else args.compile_mode
-        forward = torch.compile(model, fullgraph=True, mode=mode)
+        if args.dist:  # each block's forward compiled; DDP's and FSDP2's hooks around it stay eager
+            for block in distributed.unwrap(model).h:
+                block.forward = torch.compile(block.forward, fullgraph=True, mode=mode)
+        else:
+            forward = torch.compile(model, fullgraph=True, mode=mode)
     amp = lambda: autocast(args)  # noqa: E731
     slow_start = args.compile or args.cuda_graph or (args.backend in ("triton", "cute") and args.device != "cpu")
     if slow_start and start < end:
         what = "torch.compile" if args.compile else "compiling and tuning kernels"
-        print(f"the first step{'s' if args.cuda_graph else ''} may take a minute ({what}) ...", flush=True)
+        say(f"the first step{'s' if args.cuda_graph else ''} may take a minute ({what}) ...", flush=True)
     bar = None
-    if not args.quiet:
+    if not args.quiet and group.main:
         from tqdm import tqdm
         bar = tqdm(total=args.steps, initial=start)
     tokens, t0 = 0, time.perf_counter()
     side, graphed = (torch.cuda.Stream(), None) if args.cuda_graph else (None, None)
     for step in steps:
-        x, y = batch(train_data, args.batch_size, args.block_size, gen, args.device)
+        x, y = batch(train_data, args.batch_size, args.block_size, gen, device, group)
         set_lr(optimizer, lr_at(step, args))
         if args.compile:
             torch.compiler.cudagraph_mark_step_begin()  # reduce-overhead: a new step's graphs may reuse memory
@@ -274,12 +327,12 @@ def train(args) -> list[float]:
             if graphed is None:
                 graphed = capture(model, optimizer, x, y, amp)
             loss = graphed(x, y)
-        losses.append(loss.item())
+        losses.append(distributed.mean(loss).item())
         if step == start and slow_start:
-            (bar.write if bar is not None else print)(f"first step: {time.perf_counter() - t0:.1f} s")
+            (bar.write if bar is not None else say)(f"first step: {time.perf_counter() - t0:.1f} s")
             tokens, t0 = 0, time.perf_counter()  # tokens/s from here: the compile time is not throughput
         else:
-            tokens += x.numel()
+            tokens += x.numel() * group.world
         if bar is not None:
             bar.update(1)
             elapsed = time.perf_counter() - t0
@@ -287,30 +340,33 @@ def train(args) -> list[float]:
     if bar is not None:
         bar.close()
 
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
-                "torch_rng": torch.get_rng_state(), "losses": losses, "step": end,
-                "config": vars(model.config)}, ckpt_path)
-    val = evaluate(model, val_data, args)
+    config = vars(distributed.unwrap(model).config)
+    distributed.save(ckpt_path, model, optimizer, {**run_state(gen, losses, end), "config": config},
+                     sharded=args.dist == "fsdp")
+    val = evaluate(model, val_data, args, group)
     tail = sum(losses[-20:]) / len(losses[-20:]) if losses else float("nan")
-    print(f"train loss (last 20 steps) {tail:.3f}, validation loss {val:.3f}, unigram entropy {entropy:.3f} nats")
-    (args.out / "losses.json").write_text(json.dumps({"losses": losses, "val": val, "unigram_entropy": entropy}))
-    plot(losses, entropy, args.out / "loss.png")
-    if args.sample:
-        prompt = torch.tensor([list(b"def ")], device=args.device)
+    say(f"train loss (last 20 steps) {tail:.3f}, validation loss {val:.3f}, unigram entropy {entropy:.3f} nats")
+    if group.main:
+        (args.out / "losses.json").write_text(json.dumps({"losses": losses, "val": val, "unigram_entropy": entropy}))
+        plot(losses, entropy, args.out / "loss.png")
+    if args.sample:  # on every rank: FSDP2 gathers each block's weights from all of them
+        prompt = torch.tensor([list(b"def ")], device=device)
         with autocast(args):
-            text = model.generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
-        print("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
+            text = distributed.gathered(model).generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
+        say("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
     return losses
 
 
 @torch.no_grad()
-def evaluate(model: GPT, data: torch.Tensor, args, batches: int = 8) -> float:
+def evaluate(model: GPT, data: torch.Tensor, args, group: distributed.Group = distributed.Group(),
+             batches: int = 8) -> float:
+    """The mean loss over ``batches`` fixed batches of ``data``, each rank computing its share."""
     gen = torch.Generator().manual_seed(0)
     total = 0.0
     for _ in range(batches):
-        x, y = batch(data, args.batch_size, args.block_size, gen, args.device)
+        x, y = batch(data, args.batch_size, args.block_size, gen, args.device, group)
         with autocast(args):
-            total += model(x, y)[1].item()
+            total += distributed.mean(model(x, y)[1]).item()
     return total / batches
 
 
@@ -330,4 +386,7 @@ def plot(losses: list[float], entropy: float, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    try:
+        train(parse_args())
+    finally:
+        distributed.finish()
