@@ -1,0 +1,159 @@
+"""examples/train_gpt.py on two processes, set up as torchrun sets up its workers (gloo on the CPU,
+NCCL on two GPUs): DDP and FSDP2 give the one-process losses at the same global batch; a sharded
+checkpoint resumes exactly on 2 ranks and on 1, a one-process checkpoint on 2; a bad launch is a
+clear error on every rank."""
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import kcourse
+from kcourse import distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, STOP = 4, 2
+# The two ranks' gradients are summed by an all-reduce (DDP) or a reduce-scatter (FSDP2): float32
+# sums in another order than one process's.
+LOSS_RTOL = 1e-5
+# FSDP2 with --amp computes with bfloat16 copies of every weight; one process under autocast keeps
+# the norms' and embeddings' in float32.
+AMP_RTOL = 2e-3
+# A tiny GPT whose gradient norm exceeds 1 at every step: clip_grad_norm_ acts, on sharded gradients too.
+# float32 unless a run adds --amp (the last of --no-amp and --amp counts).
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "8",
+        "--corpus-bytes", "20000", "--steps", str(STEPS), "--sample", "0", "--quiet", "--no-amp"]
+
+
+@functools.cache
+def train_gpt():
+    spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.plot = lambda *_: None  # drawing the loss curve (0.25 s a run) is not what these tests check
+    return module
+
+
+def train(*argv) -> list[float]:
+    """The losses of examples/train_gpt.py on the tiny GPT with the further arguments ``argv``."""
+    return train_gpt().train(train_gpt().parse_args([*TINY, *map(str, argv)]))
+
+
+def _rank(rank: int, port: int, device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> None:
+    """Rank ``rank`` of 2: every distributed run of the test (with the further arguments ``extra``),
+    in one process group; what it saw goes to ``tmp/rank<rank>.json``."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    seen = {}
+    for backend in backends:
+        for mode in distributed.MODES:
+            seen[f"{backend} {mode}"] = train("--device", device, "--backend", backend, "--dist", mode,
+                                              *extra, "--out", tmp / f"{backend}-{mode}")
+    last = ["--device", device, "--backend", backends[-1], *extra]
+    for mode in distributed.MODES:
+        train(*last, "--dist", mode, "--stop-at", STOP, "--out", tmp / f"{mode}-stopped")
+    if rank == 0:
+        shutil.copytree(tmp / "fsdp-stopped", tmp / "fsdp-for-one")
+    torch.distributed.barrier()
+    for mode in distributed.MODES:
+        seen[f"{mode} resumed"] = train(*last, "--dist", mode, "--resume", "--out", tmp / f"{mode}-stopped")
+    seen["one resumed on two"] = train(*last, "--dist", "fsdp", "--resume", "--out", tmp / "one")
+    seen["fsdp amp"] = train(*last, "--dist", "fsdp", "--amp", "--out", tmp / "amp")
+    try:
+        train("--device", device, "--backend", ("python", "pytorch")[rank], "--dist", "ddp", "--out", tmp / "bad")
+    except ValueError as e:
+        seen["mismatched backends"] = str(e)
+    (tmp / f"rank{rank}.json").write_text(json.dumps(seen))
+    distributed.finish()
+
+
+def two_ranks(device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> dict:
+    """Run ``_rank`` on two processes; returns what rank 0 saw, after checking rank 1 saw the same."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, device, backends, extra, tmp), nprocs=2)  # a failing rank stops the other
+    seen = [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert seen[0] == seen[1], "the ranks disagree on the global losses"
+    return seen[0]
+
+
+def check_two_ranks(device: str, backends: tuple[str, ...], tmp: Path, extra: tuple[str, ...] = ()) -> None:
+    """Each backend's losses on 2 ranks (DDP, FSDP2) against 1 process; on the last backend, runs
+    resumed on 2 ranks in each mode, a sharded checkpoint resumed on 1 rank and a one-process one on 2,
+    FSDP2's mixed precision; mismatched backends."""
+    one = {b: train("--device", device, "--backend", b, *extra, "--out", tmp / f"{b}-one") for b in backends}
+    last = ["--device", device, "--backend", backends[-1], *extra]
+    train(*last, "--stop-at", STOP, "--out", tmp / "one")
+    seen = two_ranks(device, backends, extra, tmp)
+    for backend in backends:
+        for mode in distributed.MODES:
+            torch.testing.assert_close(seen[f"{backend} {mode}"], one[backend], rtol=LOSS_RTOL, atol=0,
+                                       msg=lambda m: f"{backend} {mode} on 2 ranks against 1 process: {m}")
+    for mode in distributed.MODES:  # on CUDA, kernels that add with atomics may round differently run to run
+        torch.testing.assert_close(seen[f"{mode} resumed"], seen[f"{backends[-1]} {mode}"], atol=0,
+                                   rtol=0 if device == "cpu" else LOSS_RTOL, msg=f"a {mode} run resumed on 2 ranks")
+    expected = one[backends[-1]]
+    torch.testing.assert_close(seen["one resumed on two"], expected, rtol=LOSS_RTOL, atol=0)
+    resumed_on_one = train(*last, "--resume", "--out", tmp / "fsdp-for-one")
+    assert resumed_on_one[:STOP] == seen["fsdp resumed"][:STOP]  # the steps run on 2 ranks, from the checkpoint
+    torch.testing.assert_close(resumed_on_one, expected, rtol=LOSS_RTOL, atol=0)
+    assert "the backend differs across ranks (rank 0: 'python', rank 1: 'pytorch')" in \
+        seen.get("mismatched backends", "no error")
+    amp = train(*last, "--amp", "--out", tmp / "amp-one")
+    torch.testing.assert_close(seen["fsdp amp"], amp, rtol=AMP_RTOL, atol=0)
+
+
+def test_ddp_and_fsdp_on_two_cpu_processes(tmp_path):
+    check_two_ranks("cpu", ("python", "pytorch"), tmp_path)
+
+
+@pytest.mark.slow  # inductor compiles the block on each rank (~2 min on 2 cores)
+def test_compiled_blocks_on_two_cpu_processes(tmp_path):
+    check_two_ranks("cpu", ("pytorch",), tmp_path, ("--compile",))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL between them)")
+def test_ddp_and_fsdp_on_two_gpus(tmp_path):
+    backends = tuple(b for b in ("triton", "cute") if kcourse.backends()[b].available)
+    if not backends:
+        pytest.skip("neither triton nor cute runs here")
+    check_two_ranks("cuda", backends, tmp_path)
+
+
+def test_bad_launches_are_clear_errors(monkeypatch, capsys):
+    """Each rank reads the same environment, so each one stops with the same message."""
+    parse = train_gpt().parse_args
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit):
+        parse(["--dist", "ddp"])
+    assert "start it with torchrun --nproc_per_node N" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # rank 1 of torchrun --nproc_per_node 3
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for argv, message in [
+            (["--dist", "fsdp", "--batch-size", "8"], "--batch-size 8 is the global batch: it must be a multiple of "
+                                                      "the 3 processes"),
+            (["--batch-size", "9"], "torchrun started 3 processes: pass --dist ddp or --dist fsdp"),
+            (["--dist", "ddp", "--batch-size", "9", "--device", "cuda", "--cuda-graph"],
+             "does not combine with --dist")]:
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert message in capsys.readouterr().err
+    assert parse(["--dist", "fsdp", "--batch-size", "9"]).batch_size == 9
+
+
+def test_the_backend_follows_the_switch(monkeypatch):
+    parse = train_gpt().parse_args
+    monkeypatch.setenv("KCOURSE_BACKEND", "python")
+    assert parse([]).backend == "python" and parse(["--backend", "pytorch"]).backend == "pytorch"
+    monkeypatch.delenv("KCOURSE_BACKEND")
+    assert parse([]).backend == "pytorch"
