@@ -23,7 +23,7 @@ STEPS, STOP = 4, 2
 # sums in another order than one process's.
 LOSS_RTOL = 1e-5
 # FSDP2 with --amp computes with bfloat16 copies of every weight; one process under autocast keeps
-# the norms' and embeddings' in float32.
+# the norms' and the embeddings' weights in float32.
 AMP_RTOL = 2e-3
 # A tiny GPT whose gradient norm exceeds 1 at every step: clip_grad_norm_ acts, on sharded gradients too.
 # float32 unless a run adds --amp (the last of --no-amp and --amp counts).
@@ -115,7 +115,7 @@ def test_ddp_and_fsdp_on_two_cpu_processes(tmp_path):
     check_two_ranks("cpu", ("python", "pytorch"), tmp_path)
 
 
-@pytest.mark.slow  # inductor compiles the block on each rank (~2 min on 2 cores)
+@pytest.mark.slow  # inductor compiles the block on each rank (~90 s on 2 cores)
 def test_compiled_blocks_on_two_cpu_processes(tmp_path):
     check_two_ranks("cpu", ("pytorch",), tmp_path, ("--compile",))
 
