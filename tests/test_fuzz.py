@@ -114,12 +114,15 @@ def tensor(data, shape, dt, scale=1.0, nonfinite=False, layout=None):
     return t.to(DEVICE)
 
 
-def close(actual, expected, k=1):
-    """``actual`` matches ``expected`` within the dtype's tolerance (atol grown as sqrt(k)), NaN where it is NaN."""
+def close(actual, expected, k=1, scale=1.0):
+    """``actual`` matches ``expected`` within the dtype's tolerance, NaN where it is NaN. The absolute
+    part grows as sqrt(k) for sums of k terms and with ``scale``, the largest factor the terms were
+    multiplied by (|alpha|, |beta| of the BLAS ops): a rounding error in a term scales with it."""
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     rtol, atol = TOL[actual.dtype]
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)), equal_nan=True)
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * math.sqrt(max(k, 1)) * scale,
+                               equal_nan=True)
 
 
 def finite(*tensors) -> bool:
@@ -139,7 +142,7 @@ def forward_backward(f, inputs, dout_seed=0):
     return out.detach(), grads
 
 
-def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True):
+def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True, scale=1.0):
     """``op(*inputs, backend=name)`` against the python reference (other backends) and against
     ``torch_op`` on the inputs in float64 rounded to the dtype, forward and (finite inputs) gradients."""
     grads = grads and finite(*inputs)
@@ -159,12 +162,12 @@ def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True):
             ref, g_ref = forward_backward(lambda *t: op(*t, backend="python"), inputs)
         else:
             ref, g_ref = op(*inputs, backend="python"), []
-        close(out, ref, k)
+        close(out, ref, k, scale)
         for a, e in zip(g, g_ref):
-            close(a, e, grad_k or k)
-    close(out, out64.to(dt), k)
+            close(a, e, grad_k or k, scale)
+    close(out, out64.to(dt), k, scale)
     for a, e in zip(g, g64):
-        close(a, e.to(a.dtype), grad_k or k)
+        close(a, e.to(a.dtype), grad_k or k, scale)
     return out
 
 
@@ -180,7 +183,7 @@ def sentinel_target(data, shape, dt):
     return view, buf, mask
 
 
-def check_inplace(name, op_, inputs, target_index, expected, data, k=1):
+def check_inplace(name, op_, inputs, target_index, expected, data, k=1, scale=1.0):
     """``op_`` writing the input at ``target_index`` through a strided view of a sentinel buffer:
     the target then holds ``expected`` (the out-of-place result) and nothing else changed."""
     target = inputs[target_index]
@@ -191,7 +194,7 @@ def check_inplace(name, op_, inputs, target_index, expected, data, k=1):
     args[target_index] = view
     with torch.no_grad():
         op_(*args, backend=name)
-    close(view, expected, k)
+    close(view, expected, k, scale)
     assert torch.equal(buf[mask], before[mask]), "an in-place op wrote outside its target"
 
 
@@ -239,10 +242,10 @@ def test_axpby(name, data):
     x, y = tensor(data, shape, dt, nonfinite=True), tensor(data, shape, dt, nonfinite=True)
     # beta == 0: y is not read (BLAS), so NaN there does not reach the result
     out = check(name, lambda x, y, backend: blas.axpby(x, y, alpha, beta, backend=backend),
-                lambda x, y: alpha * x + (beta * y if beta else 0), [x, y])
+                lambda x, y: alpha * x + (beta * y if beta else 0), [x, y], scale=max(1, abs(alpha), abs(beta)))
     if shape[-1]:
         check_inplace(name, lambda x, y, backend: blas.axpby_(x, y, alpha, beta, backend=backend), [x, y], 1, out,
-                      data)
+                      data, scale=max(1, abs(alpha), abs(beta)))
 
 
 @fuzz
@@ -265,10 +268,11 @@ def test_gemv(name, data):
     f = lambda A, x, y, backend: blas.gemv(A, x, y, alpha, beta, backend=backend)
     ref = lambda A, x, y: (alpha * (A * x).sum(-1) if alpha else A.new_zeros(A.shape[:1])) \
         + (beta * y if y is not None and beta else 0)
-    out = check(name, f, ref, [A, x, y], k=n)
+    scale = max(1, abs(alpha), abs(beta))
+    out = check(name, f, ref, [A, x, y], k=n, grad_k=max(m, n), scale=scale)  # dx sums m terms
     if y is not None and m:
         check_inplace(name, lambda A, x, y, backend: blas.gemv_(A, x, y, alpha, beta, backend=backend), [A, x, y], 2,
-                      out, data, k=n)
+                      out, data, k=n, scale=scale)
 
 
 @fuzz
@@ -278,10 +282,11 @@ def test_geru(name, data):
     A = tensor(data, [m, n], dt)
     x, y = tensor(data, [m], dt, nonfinite=alpha == 0), tensor(data, [n], dt, nonfinite=alpha == 0)
     out = check(name, lambda A, x, y, backend: blas.geru(A, x, y, alpha, backend=backend),
-                lambda A, x, y: A + alpha * x[:, None] * y[None, :] if alpha else A + 0, [A, x, y], grad_k=max(m, n))
+                lambda A, x, y: A + alpha * x[:, None] * y[None, :] if alpha else A + 0, [A, x, y], grad_k=max(m, n),
+                scale=max(1, abs(alpha)))
     if n:
         check_inplace(name, lambda A, x, y, backend: blas.geru_(A, x, y, alpha, backend=backend), [A, x, y], 0, out,
-                      data)
+                      data, scale=max(1, abs(alpha)))
 
 
 @fuzz
@@ -300,10 +305,11 @@ def test_gemm(name, data):
     ref = lambda A, B, C: (alpha * torch.matmul(A, B) if alpha else torch.zeros(out_shape, dtype=A.dtype, device=A.device)) \
         + (beta * C if C is not None and beta else 0)
     grad_k = max(k, m * (batch[0] if batch else 1), n * (batch[0] if batch else 1))
-    out = check(name, f, ref, [A, B, C], k=k, grad_k=grad_k)
+    scale = max(1, abs(alpha), abs(beta))
+    out = check(name, f, ref, [A, B, C], k=k, grad_k=grad_k, scale=scale)
     if C is not None and tuple(C.shape) == tuple(out_shape) and math.prod(out_shape):
         check_inplace(name, lambda A, B, C, backend: blas.gemm_(A, B, C, alpha, beta, backend=backend), [A, B, C], 2,
-                      out, data, k=k)
+                      out, data, k=k, scale=scale)
 
 
 # ----------------------------------------------------------------------------- transformer primitives
