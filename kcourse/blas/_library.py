@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -100,10 +101,37 @@ def _define(schema: str, impl: Callable, fake: Callable) -> str:
     name = schema[: schema.index("(")]
     LIB.define(schema)
     LIB.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"kcourse::{name}", fake, lib=LIB)
+
+    def traced(*args, **kwargs):  # the fake runs only while a graph is traced
+        _inductor_fallbacks()
+        return fake(*args, **kwargs)
+
+    torch.library.register_fake(f"kcourse::{name}", traced, lib=LIB)
     _register_autocast(name)
     IMPLS[name] = impl
     return name
+
+
+_FALLBACKS = []  # [True] once every op has its inductor lowering
+
+
+def _inductor_fallbacks() -> None:
+    """Gives every kcourse op its inductor lowering, the extern call of the op that inductor makes
+    for any custom op it meets, before inductor lowers a graph holding one. Left to inductor, torch
+    2.11 first formats the op's arguments for an info log, eagerly, whether the log is on or not:
+    each argument's IR node printed with its inputs, recursively, which in the backward graph of a
+    12-layer GPT unfolds the whole graph into a tree (a first compiled step of minutes, not seconds).
+    Called by the fake implementations, that is while a graph is traced, once inductor is loaded."""
+    lowering = sys.modules.get("torch._inductor.lowering")
+    if _FALLBACKS or lowering is None:
+        return
+    _FALLBACKS.append(True)
+    from torch._library.utils import get_layout_constraint_tag
+    for name in IMPLS:
+        op = getattr(torch.ops.kcourse, name).default
+        if op not in lowering.lowerings:  # the layout rule inductor would pick: the op's tag, else its default
+            constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+            lowering.make_fallback(op, layout_constraint=constraint, warn=False)
 
 
 def _autocasting(args: tuple) -> str | None:
