@@ -251,6 +251,19 @@ def test_triton_tma(dtype, case, monkeypatch):
     assert_close(*(attend(q, k, v) for attend in zero))  # a zero scale: means of v's rows (SDPA: NaN if causal)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.3])
+def test_causal_mask_with_a_scale_of_zero_or_below(backend, scale):
+    """``softmax(scale q k^T + mask)``: masked scores stay -inf whatever the scale's sign (SDPA's
+    is_causal scales its mask: NaN at scale 0, and a negative scale makes it +inf), forward and backward."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, T, 16, generator=gen).to(DEVICE) for T in (3, 5, 5, 3))
+    ours = forward_backward(kcourse_attention(backend, causal=True, scale=scale), q, k, v, dout)
+    ref = forward_backward(kcourse_attention("python", causal=True, scale=scale), q, k, v, dout)
+    for a, e in zip((ours[0], *ours[1]), (ref[0], *ref[1])):
+        assert a.isfinite().all()
+        assert_close(a, e, k=5)
+
+
 @pytest.mark.parametrize("tma", [False, True])
 def test_triton_launch_reuses_pick(tma, monkeypatch):
     """After the autotuner's first pick for a key, launch_tuned launches the jitted kernels with it

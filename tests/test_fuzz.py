@@ -40,6 +40,7 @@ BACKENDS = ["python", "pytorch", "triton", "cute"]
 HALF = (torch.float16, torch.bfloat16)
 FLOAT = (torch.float32, *HALF)
 SCALARS = [0.0, 1.0, -1.0, 0.5, -2.5, 3.0]
+MAX_NUMEL = 1 << 20
 
 
 def budget(backend: str) -> int:
@@ -80,6 +81,16 @@ def size(data, name, small=False):
     else:
         choices = [0, 1, 2, 3, 5, 7, 13, 31] + ([64, 127, 257, 1031] if LARGE else [])
     return data.draw(st.sampled_from(choices))
+
+
+def sizes(data, name, max_dims):
+    """1 to ``max_dims`` sizes (``size``) of at most about MAX_NUMEL elements in all: a size that would
+    pass it is drawn again from the small ones (16 workers share one GPU; the references are float64)."""
+    out = []
+    for _ in range(data.draw(st.integers(1, max_dims))):
+        s = size(data, name)
+        out.append(s if math.prod(out) * s <= MAX_NUMEL else size(data, name, small=True))
+    return out
 
 
 def dtype(data, name):
@@ -203,7 +214,7 @@ def check_inplace(name, op_, inputs, target_index, expected, data, k=1, scale=1.
 @fuzz
 def test_copy(name, data):
     dt = dtype(data, name)
-    x = tensor(data, [size(data, name) for _ in range(data.draw(st.integers(1, 3)))], dt, nonfinite=True)
+    x = tensor(data, sizes(data, name, 3), dt, nonfinite=True)
     check(name, blas.copy, lambda t: t.clone(), [x])
     if x.dim() and x.shape[-1]:
         check_inplace(name, lambda x, y, backend: blas.copy_(x, y, backend=backend), [x, x.clone()], 1, x, data)
@@ -212,7 +223,7 @@ def test_copy(name, data):
 @fuzz
 def test_swap(name, data):
     dt = dtype(data, name)
-    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 2)))]
+    shape = sizes(data, name, 2)
     x, y = tensor(data, shape, dt, nonfinite=True), tensor(data, shape, dt, nonfinite=True)
     xs, ys = blas.swap(x, y, backend=name)
     close(xs, y), close(ys, x)
@@ -229,7 +240,7 @@ def test_swap(name, data):
 @fuzz
 def test_scal(name, data):
     dt, alpha = dtype(data, name), scalar(data)
-    x = tensor(data, [size(data, name) for _ in range(data.draw(st.integers(1, 3)))], dt, nonfinite=True)
+    x = tensor(data, sizes(data, name, 3), dt, nonfinite=True)
     out = check(name, lambda x, backend: blas.scal(x, alpha, backend=backend), lambda x: alpha * x, [x])
     if x.dim() and x.shape[-1]:
         check_inplace(name, lambda x, backend: blas.scal_(x, alpha, backend=backend), [x], 0, out, data)
@@ -238,7 +249,7 @@ def test_scal(name, data):
 @fuzz
 def test_axpby(name, data):
     dt, alpha, beta = dtype(data, name), scalar(data), scalar(data)
-    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 2)))]
+    shape = sizes(data, name, 2)
     x, y = tensor(data, shape, dt, nonfinite=True), tensor(data, shape, dt, nonfinite=True)
     # beta == 0: y is not read (BLAS), so NaN there does not reach the result
     out = check(name, lambda x, y, backend: blas.axpby(x, y, alpha, beta, backend=backend),
@@ -326,7 +337,7 @@ def test_log_softmax(name, data):
 
 def _rows(name, data, op):
     dt = dtype(data, name)
-    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    shape = sizes(data, name, 3)
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))
     x = tensor(data, shape, dt, scale=data.draw(st.sampled_from([1.0, 3.0])), nonfinite=True)
     check(name, lambda x, backend: getattr(blas, op)(x, dim, backend=backend), lambda x: getattr(F, op)(x, dim), [x],
@@ -373,7 +384,7 @@ def test_rms_norm(name, data):
 
 def _norm(name, data, op):
     dt = dtype(data, name)
-    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    shape = sizes(data, name, 3)
     D = shape[-1]
     eps = data.draw(st.sampled_from([1e-5, 1e-6, 0.1]))
     x = tensor(data, shape, dt, scale=data.draw(st.sampled_from([1.0, 10.0])))
@@ -393,7 +404,7 @@ def _norm(name, data, op):
 @fuzz
 def test_activations(name, data):
     dt = dtype(data, name)
-    shape = [size(data, name) for _ in range(data.draw(st.integers(1, 3)))]
+    shape = sizes(data, name, 3)
     x = tensor(data, shape, dt, scale=3.0, nonfinite=True)
     which = data.draw(st.sampled_from(["gelu", "gelu_tanh", "silu", "relu", "swiglu"]))
     if which == "swiglu":

@@ -27,7 +27,8 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 def _sdpa(q, k, v, causal, scale):
     mask = None
-    if causal and scale == 0:  # SDPA's is_causal path gives NaN at scale 0 (0 * -inf); a boolean mask does not
+    if causal and scale <= 0:  # SDPA's is_causal path scales its -inf mask: NaN at scale 0 (0 * -inf), and a
+        # negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
         mask, causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(), False
     with sdpa_kernel(SDPA_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
