@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
-# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|all];
-# small tests take ~9 minutes on an H100 host (16 cores), large ones ~5, bench ~4, cute ~3 (+ large): one device call each (10-minute limit).
-# Writes $OUT/tests*.log, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|fuzz|all];
+# small tests take ~5 minutes on an H200 host (16 cores; cute included), large ones ~5, bench ~4, cute ~3 (+ large): one device call each (10-minute limit).
+# A time limit interrupts pytest (SIGINT): it stops its workers and prints what failed.
+# Writes $OUT/tests*.log, $OUT/fuzz.log and fuzz-failures.txt, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUTDIR [tests|bench|all]}
 what=${2:-all}
@@ -14,12 +15,12 @@ mkdir -p "$out"
 status=0
 if [[ $what == tests || $what == small || $what == all ]]; then
   # small tests on 12 workers; the realistic-size ones (marker gpu, up to ~20 GiB each) on 3
-  KCOURSE_RECORD="$out/verified-small.json" timeout ${SMALL_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider -n 12 \
+  KCOURSE_RECORD="$out/verified-small.json" timeout -s INT -k 30 ${SMALL_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider -n 12 \
     -m "not gpu" --durations=10 tests 2>&1 | tee "$out/tests.log" | tail -n 30
   status=${PIPESTATUS[0]}
 fi
 if [[ $what == tests || $what == large || $what == all ]]; then
-  KCOURSE_RECORD="$out/verified-large.json" timeout ${LARGE_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -n 3 \
+  KCOURSE_RECORD="$out/verified-large.json" timeout -s INT -k 30 ${LARGE_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -n 3 \
     -m gpu --durations=10 tests 2>&1 | tee "$out/tests-large.log" | tail -n 30
   (( status |= PIPESTATUS[0] ))
 fi
@@ -29,16 +30,22 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.sh first: DEVELOPERS.md)
   prims="softmax log_softmax cross_entropy layer_norm rms_norm gelu silu relu swiglu embedding rope attention modules training"
-  KCOURSE_RECORD="$out/verified-cute-primitives.json" timeout ${CUTE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+  KCOURSE_RECORD="$out/verified-cute-primitives.json" timeout -s INT -k 30 ${CUTE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
     -n 12 -m "not gpu" -k cute -rf --durations=10 $(for t in $prims; do echo tests/test_$t.py; done) > "$out/tests-cute-primitives.log" 2>&1
   status=$?; tail -n 3 "$out/tests-cute-primitives.log"
   blas="copy swap scal axpby dot gemv geru gemm autograd"
-  KCOURSE_RECORD="$out/verified-cute-blas.json" timeout ${CUTE_BLAS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
+  KCOURSE_RECORD="$out/verified-cute-blas.json" timeout -s INT -k 30 ${CUTE_BLAS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
     -n 12 -m "not gpu" -k cute -rf $(for t in $blas; do echo tests/test_$t.py; done) > "$out/tests-cute-blas.log" 2>&1
   (( status |= $? )); tail -n 3 "$out/tests-cute-blas.log"
-  KCOURSE_RECORD="$out/verified-cute-large.json" timeout ${CUTE_LARGE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+  KCOURSE_RECORD="$out/verified-cute-large.json" timeout -s INT -k 30 ${CUTE_LARGE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
     -n 3 -m gpu -k cute -rf --durations=10 tests > "$out/tests-cute-large.log" 2>&1
   (( status |= $? )); tail -n 3 "$out/tests-cute-large.log"
+fi
+if [[ $what == fuzz ]]; then  # tests/test_fuzz.py's large budget on triton and cute (source .cute/activate.sh first)
+  KCOURSE_FAIL_LOG="$out/fuzz-failures.txt" KCOURSE_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-1000} timeout -s INT -k 30 ${FUZZ_TIMEOUT:-480} \
+    python3 -m pytest -p no:cacheprovider -n 16 --dist worksteal -m "not gpu" -v -k "triton or cute" tests/test_fuzz.py \
+    > "$out/fuzz.log" 2>&1
+  status=$?; grep -E "passed|failed" "$out/fuzz.log" | tail -n 3
 fi
 if [[ $what == gpt ]]; then  # training throughput of GPT-2 124M: GPT_BACKENDS x GPT_VARIANTS against torch.nn, one call
   for arch in ${GPT_ARCHS:-gpt2}; do
