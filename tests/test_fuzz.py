@@ -108,21 +108,24 @@ def tensor(data, shape, dt, scale=1.0, nonfinite=False, layout=None):
     layout = layout or data.draw(st.sampled_from(["contiguous", "strided", "sliced"]
                                                  + (["transposed"] if len(shape) >= 2 else [])))
     shape = tuple(shape)
+    # the view is taken last, of a buffer already in its dtype and on its device: an elementwise op
+    # or a copy of a non-dense view gives a contiguous tensor, not the layout drawn
     if layout == "transposed":
-        base = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, dtype=torch.float64).mT
+        full, view = (*shape[:-2], shape[-1], shape[-2]), lambda t: t.mT
     elif layout == "strided":
-        base = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=torch.float64)[..., ::2]
+        full, view = (*shape[:-1], 2 * shape[-1]), lambda t: t[..., ::2]
     elif layout == "sliced":
-        big = torch.randn(*(s + 2 for s in shape), generator=gen, dtype=torch.float64)
-        base = big[tuple(slice(1, 1 + s) for s in shape)]
+        full, view = tuple(s + 2 for s in shape), lambda t: t[tuple(slice(1, 1 + s) for s in shape)]
     else:
-        base = torch.randn(shape, generator=gen, dtype=torch.float64)
-    t = (scale * base).to(dt)
+        full, view = shape, lambda t: t
+    t = view((scale * torch.randn(full, generator=gen, dtype=torch.float64)).to(dt).to(DEVICE))
+    assert t.shape == shape
     if nonfinite and t.numel() and data.draw(st.booleans()):  # a few NaN / +-inf, written through the view
         flat = torch.randint(0, t.numel(), (min(3, t.numel()),), generator=gen)
         values = torch.tensor([math.nan, math.inf, -math.inf], dtype=dt)
-        t[torch.unravel_index(flat, t.shape)] = values[torch.randint(0, 3, (len(flat),), generator=gen)]
-    return t.to(DEVICE)
+        picked = values[torch.randint(0, 3, (len(flat),), generator=gen)]
+        t[torch.unravel_index(flat, t.shape)] = picked.to(t.device)
+    return t
 
 
 def close(actual, expected, k=1, scale=1.0):
