@@ -27,6 +27,7 @@ fi
 if [[ $what == bench || $what == all ]]; then
   timeout 540 python3 -m benchmarks.run --out /tmp/bench --backends ${BENCH_BACKENDS:-pytorch,triton} ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -n 60
   tar -C /tmp -czf "$out/bench.tgz" bench
+  timeout 120 python3 -m benchmarks.index_check --out "$out" 2>&1 | tee "$out/index_check.log"  # $out/index_check.json
 fi
 if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.sh first: DEVELOPERS.md)
   prims="softmax log_softmax cross_entropy layer_norm rms_norm gelu silu relu swiglu embedding rope attention modules training"

@@ -75,3 +75,17 @@ def test_readme_performance_table_is_current(bench):
     _, history = bench
     assert history.readme_section() == history.readme_table(history.load()), \
         "README.md's performance table is stale: run `python -m benchmarks.history readme`"
+
+
+def test_index_check_rows(bench, tmp_path):
+    """benchmarks/index_check.py: a row per (op, backend) with the op's time and its check's share."""
+    index_check = importlib.import_module("benchmarks.index_check")
+    result = index_check.main(["--out", str(tmp_path), "--device", "cpu", "--tokens", "16", "--vocab", "64",
+                               "--dim", "8", "--backends", "python,pytorch"])
+    rows = {(r["op"], r["backend"]): r for r in result["rows"]}
+    assert set(rows) == {(op, b) for op in ("embedding", "cross_entropy") for b in ("python", "pytorch")}
+    assert rows[("embedding", "pytorch")]["check_ms"] is None  # F.embedding's kernel asserts itself
+    for r in rows.values():
+        assert r["op_ms"] > 0
+        assert r["check_ms"] is None or r["fraction"] == r["check_ms"] / r["op_ms"]
+    assert json.loads((tmp_path / "index_check.json").read_text()) == result
