@@ -67,8 +67,11 @@ def test_gpt_compiles_whole_and_matches_eager(name, arch, compiler, monkeypatch,
         # fallback, whose info log formats the op's upstream graph (eagerly on torch 2.11: minutes)
         from torch._inductor import config, exc
         monkeypatch.setattr(exc.OperatorIssue, "operator_str", staticmethod(lambda *a: calls.append(a[0]) or ""))
-        monkeypatch.setattr(config, "fx_graph_cache", False)  # lower the graph here, not load it from disk
-        monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+        no_cache = [config.patch(fx_graph_cache=False),  # lower the graph here, not load it from disk
+                    torch._functorch.config.patch(enable_autograd_cache=False)]  # (config.patch: the
+        for patch in no_cache:  # config modules' own mechanism; monkeypatch's undo deletes their entries)
+            patch.__enter__()
+            request.addfinalizer(lambda patch=patch: patch.__exit__(None, None, None))
         torch._logging.set_logs(inductor=logging.INFO)  # torch 2.13 formats the log's arguments only then
         request.addfinalizer(torch._logging.set_logs)
     model, _ = make(name, arch)
