@@ -554,11 +554,11 @@ class Primitive:
     #                           (the last dim of dout), a name in ``saved``, or None (not differentiable)
     strided_dout: bool = False  # the backward kernels read dout through its strides
 
-    @property
+    @functools.cached_property  # read on every call: parsed once
     def input_names(self) -> list[str]:
         return [a.split()[-1] for a in self.inputs.split(",")]
 
-    @property
+    @functools.cached_property
     def param_names(self) -> list[str]:
         return [a.split()[-1] for a in self.params.split(",")] if self.params else []
 
