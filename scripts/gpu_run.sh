@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks: the whole test suite on CUDA (recorded for the README's op table) and the
-# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|fuzz|all];
+# benchmarks. Usage (repository root, on the GPU machine): bash scripts/gpu_run.sh "$OUT" [tests|small|large|bench|gpt|cute|fuzz|fuzz-each|all];
 # small tests take ~5 minutes on an H200 host (16 cores; cute included), large ones ~5, bench ~4, cute ~3 (+ large): one device call each (10-minute limit).
 # A time limit interrupts pytest (SIGINT): it stops its workers and prints what failed.
 # Writes $OUT/tests*.log, $OUT/fuzz.log and fuzz-failures.txt, $OUT/verified-{small,large}.json (scripts/op_table.py record takes both), $OUT/bench.log and $OUT/bench.tgz (results.json, PNGs, summary.md).
@@ -47,6 +47,16 @@ if [[ $what == fuzz ]]; then  # tests/test_fuzz.py's large budget on triton and 
     python3 -m pytest -p no:cacheprovider -n 16 --dist worksteal -m "not gpu" -v -k "triton or cute" tests/test_fuzz.py \
     > "$out/fuzz.log" 2>&1
   status=$?; grep -E "passed|failed" "$out/fuzz.log" | tail -n 3
+fi
+if [[ $what == fuzz-each ]]; then  # FUZZ_TESTS="test_embedding[triton] ...": each in its own process, at once
+  # (a CUDA error poisons the process it happens in), CUDA_LAUNCH_BLOCKING=1 so it names the launch
+  mkdir -p "$out/fuzz-each"
+  for id in ${FUZZ_TESTS:?name the tests}; do
+    ( KCOURSE_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-400} CUDA_LAUNCH_BLOCKING=1 timeout -s INT -k 30 ${FUZZ_TIMEOUT:-300} \
+        python3 -m pytest -p no:cacheprovider -n 0 -q -x "tests/test_fuzz.py::$id" > "$out/fuzz-each/$(tr -d '[]' <<< "$id").log" 2>&1
+      echo "$? $id" >> "$out/fuzz-each/exit-codes.txt" ) &
+  done
+  wait; sort -k2 "$out/fuzz-each/exit-codes.txt"
 fi
 if [[ $what == gpt ]]; then  # training throughput of GPT-2 124M: GPT_BACKENDS x GPT_VARIANTS against torch.nn, one call
   for arch in ${GPT_ARCHS:-gpt2}; do
