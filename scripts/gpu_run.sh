@@ -57,6 +57,7 @@ if [[ $what == fuzz-each ]]; then  # FUZZ_TESTS="test_embedding[triton] ...": ea
       echo "$? $id" >> "$out/fuzz-each/exit-codes.txt" ) &
   done
   wait; sort -k2 "$out/fuzz-each/exit-codes.txt"
+  tar -C "$out" -czf "$out/fuzz-each.tgz" fuzz-each && rm -rf "$out/fuzz-each"  # one file (a call returns few)
 fi
 if [[ $what == gpt ]]; then  # training throughput of GPT-2 124M: GPT_BACKENDS x GPT_VARIANTS against torch.nn, one call
   for arch in ${GPT_ARCHS:-gpt2}; do
