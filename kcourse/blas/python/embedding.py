@@ -25,6 +25,6 @@ def embedding_backward(dout: torch.Tensor, cache, needs):
     V, D = weight.shape
     dy = acc(dout).reshape(indices.numel(), D)  # (N, D); not reshape(-1, D): D may be 0
     dweight = torch.zeros(V, D, dtype=dy.dtype, device=dy.device)
-    if dy.numel():  # (CUDA's accumulating index_put_, like embedding_dense_backward, is unsafe at D = 0)
+    if dy.numel():  # nothing to add at N = 0 or D = 0 (no kernel launched for an empty update)
         dweight.index_put_((indices.reshape(-1),), dy, accumulate=True)  # dweight[indices[n]] += dy[n]
     return None, dweight.to(weight.dtype)
