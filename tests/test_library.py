@@ -77,6 +77,8 @@ def _forward_args(op, backend, grad=True):
         "cross_entropy": [(t(4, 7), target, -100, "mean"), (t(4, 7), target, -100, "none")],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
         "rms_norm": [(t(3, 8), t(8), 1e-6)],
+        "add_layer_norm": [(t(3, 8), t(3, 8), t(8), t(8), 1e-5), (t(3, 8), t(3, 8), None, None, 1e-5)],
+        "add_rms_norm": [(t(3, 8), t(3, 8), t(8), 1e-6)],
         "gelu": [(t(3, 5), "none"), (t(3, 5), "tanh")],
         "silu": [(t(3, 5),)],
         "relu": [(t(3, 5),)],
@@ -96,10 +98,12 @@ def _backward_args(op, backend):
     for args in _forward_args(op, backend, grad=False):
         inputs, params, _ = _library._split(spec, args)
         outs = getattr(kops, op)(*args)
-        named = dict(zip(spec.input_names, inputs), out=outs[0])
-        saved = [named[n] for n in _library._saved(op, backend)] + list(outs[1:])
+        k = len(spec.outs)
+        named = dict(zip(spec.input_names, inputs), **dict(zip(spec.outs, outs)))
+        saved = [named[n] for n in _library._saved(op, backend)] + list(outs[k:])
         needs = [g is not None and (inputs[i] is not None) for i, g in enumerate(spec.grads)]
-        result.append((torch.randn_like(outs[0]), saved, needs, *params.values(), backend))
+        douts = [torch.randn_like(o) for o in outs[:k]]
+        result.append((*douts, saved, needs, *params.values(), backend))
     return result
 
 
@@ -170,6 +174,9 @@ def _public_cases():
         ("layer_norm", lambda b: (t(2, 3, 8), t(8), t(8)), lambda b, x, w, bi: blas.layer_norm(x, w, bi, backend=b)),
         ("rms_norm", lambda b: (t(8, 3).mT, t(8)), lambda b, x, w: blas.rms_norm(x, w, backend=b)),
         ("rms_norm_f64", lambda b: (t(3, 8).double(),), lambda b, x: blas.rms_norm(x, backend=b)),
+        ("add_layer_norm", lambda b: (t(2, 3, 8), t(3, 2, 8).transpose(0, 1), t(8), t(8)),
+         lambda b, x, r, w, bi: blas.add_layer_norm(x, r, w, bi, backend=b)),
+        ("add_rms_norm", lambda b: (t(8, 3).mT, t(3, 8)), lambda b, x, r: blas.add_rms_norm(x, r, backend=b)),
         ("gelu", lambda b: (t(3, 5)[::2],), lambda b, x: blas.gelu(x, "tanh", backend=b)),
         ("silu", lambda b: (t(3, 5).half(),), lambda b, x: blas.silu(x, backend=b)),
         ("relu", lambda b: (t(3, 5).mT,), lambda b, x: blas.relu(x, backend=b)),
@@ -232,6 +239,9 @@ def _bad_cases():
         "layer_norm_weight": (lambda b, x, w: blas.layer_norm(x, w, backend=b), (t(3, 8), t(7))),
         "layer_norm_eps": (lambda b, x: blas.layer_norm(x, eps=-1.0, backend=b), (t(3, 8),)),
         "rms_norm_weight": (lambda b, x, w: blas.rms_norm(x, w, backend=b), (t(3, 8), t(8).double())),
+        "add_rms_norm_residual": (lambda b, x, r: blas.add_rms_norm(x, r, backend=b), (t(3, 8), t(8))),
+        "add_layer_norm_residual_dtype": (lambda b, x, r: blas.add_layer_norm(x, r, backend=b),
+                                          (t(3, 8), t(3, 8).half())),
         "gelu_approximate": (lambda b, x: blas.gelu(x, "fast", backend=b), (t(3),)),
         "swiglu_shape": (lambda b, g, u: blas.swiglu(g, u, backend=b), (t(3, 4), t(4, 3))),
         "embedding_float": (lambda b, i, w: blas.embedding(i, w, backend=b), (t(3), t(6, 4))),
@@ -277,6 +287,8 @@ OP_BAD = {
     "softmax": (lambda t, b: (t(3, 4), 5, b), lambda t, b: blas.softmax(t(3, 4), 5, backend=b)),
     "layer_norm": (lambda t, b: (t(3, 8), t(7), None, 1e-5, b),
                    lambda t, b: blas.layer_norm(t(3, 8), t(7), backend=b)),
+    "add_rms_norm": (lambda t, b: (t(3, 8), t(3, 7), None, 1e-6, b),
+                     lambda t, b: blas.add_rms_norm(t(3, 8), t(3, 7), backend=b)),
     "attention": (lambda t, b: (t(1, 3, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), False, 0.5, b),
                   lambda t, b: blas.attention(t(1, 3, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), scale=0.5, backend=b)),
 }
@@ -307,6 +319,10 @@ def _primitive_call(op):
         "cross_entropy": ((t(3, 7),), lambda b, x: blas.cross_entropy(x, target, reduction="none", backend=b)),
         "layer_norm": ((t(3, 8), t(8), t(8)), lambda b, x, w, bi: blas.layer_norm(x, w, bi, backend=b)),
         "rms_norm": ((t(3, 8), t(8)), lambda b, x, w: blas.rms_norm(x, w, backend=b)),
+        "add_layer_norm": ((t(3, 8), t(3, 8), t(8), t(8)),  # y and h stacked: one output
+                           lambda b, x, r, w, bi: torch.stack(blas.add_layer_norm(x, r, w, bi, backend=b))),
+        "add_rms_norm": ((t(3, 8), t(3, 8), t(8)),
+                         lambda b, x, r, w: torch.stack(blas.add_rms_norm(x, r, w, backend=b))),
         "gelu": ((t(3, 5),), lambda b, x: blas.gelu(x, backend=b)),
         "silu": ((t(3, 5),), lambda b, x: blas.silu(x, backend=b)),
         "relu": ((t(3, 5),), lambda b, x: blas.relu(x, backend=b)),

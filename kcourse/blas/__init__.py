@@ -22,7 +22,7 @@ from ._library import autocast_inputs, call
 __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_", "dot",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
            "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
-           "swiglu", "embedding", "rope", "attention"]
+           "swiglu", "embedding", "rope", "attention", "add_layer_norm", "add_rms_norm"]
 
 
 _VALID: dict = {}  # (check, the arguments' signature) -> what the check returned
@@ -247,6 +247,24 @@ def rms_norm(x, weight=None, eps=1e-6, backend=None):
     name = backend_for("rms_norm", backend)
     x, weight = autocast_inputs("rms_norm", x, weight)
     return call("rms_norm", x, weight, _validated(_check.check_rms_norm, name, x, weight, eps)["eps"], name)[0]
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, backend=None):
+    """``(y, h)``: ``h = x + residual`` (x's dtype, rounded once) and ``y = layer_norm(h, weight, bias, eps)``,
+    in one pass; gradients flow from both outputs (x and residual receive the same one)."""
+    name = backend_for("add_layer_norm", backend)
+    x, residual, weight, bias = autocast_inputs("add_layer_norm", x, residual, weight, bias)
+    p = _validated(_check.check_add_layer_norm, name, x, residual, weight, bias, eps)
+    return tuple(call("add_layer_norm", x, residual, weight, bias, p["eps"], name)[:2])
+
+
+def add_rms_norm(x, residual, weight=None, eps=1e-6, backend=None):
+    """``(y, h)``: ``h = x + residual`` (x's dtype, rounded once) and ``y = rms_norm(h, weight, eps)``, in one
+    pass; gradients flow from both outputs (x and residual receive the same one)."""
+    name = backend_for("add_rms_norm", backend)
+    x, residual, weight = autocast_inputs("add_rms_norm", x, residual, weight)
+    p = _validated(_check.check_add_rms_norm, name, x, residual, weight, eps)
+    return tuple(call("add_rms_norm", x, residual, weight, p["eps"], name)[:2])
 
 
 def gelu(x, approximate="none", backend=None):

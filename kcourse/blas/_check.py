@@ -431,8 +431,13 @@ def check_cross_entropy(backend, logits, target, ignore_index, reduction):
     return {"ignore_index": ignore_index, "reduction": reduction}
 
 
-def _norm_params(op, backend, x, eps, **params):
+def _norm_params(op, backend, x, eps, residual=None, **params):
+    """eps, after the checks of a norm of x over its last dim: the (D,) parameters ``params`` (weight, bias;
+    None or 1-D of D), and for the fused add + norms a ``residual`` of x's shape; one dtype and device."""
     tensor(op, "x", x)
+    if residual is not None:
+        tensor(op, "residual", residual)
+        same_shape(op, "x", x, "residual", residual)
     if x.dim() == 0:
         raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
     d = x.shape[-1]
@@ -443,7 +448,7 @@ def _norm_params(op, backend, x, eps, **params):
         if p.shape[0] != d:
             raise ValueError(f"{op}: x is {shape(x)} and {name} is {shape(p)}; {name} must be ({d},), "
                              "the size of x's last dimension")
-    same_kind(op, backend, x=x, **params)
+    same_kind(op, backend, x=x, residual=residual, **params)
     eps = scalar(op, "eps", eps)
     if not eps > 0:
         raise ValueError(f"{op}: eps must be positive, got {eps}")
@@ -456,6 +461,16 @@ def check_layer_norm(backend, x, weight, bias, eps):
 
 def check_rms_norm(backend, x, weight, eps):
     return _norm_params("rms_norm", backend, x, eps, weight=weight)
+
+
+def check_add_layer_norm(backend, x, residual, weight, bias, eps):
+    tensor("add_layer_norm", "residual", residual)
+    return _norm_params("add_layer_norm", backend, x, eps, residual, weight=weight, bias=bias)
+
+
+def check_add_rms_norm(backend, x, residual, weight, eps):
+    tensor("add_rms_norm", "residual", residual)
+    return _norm_params("add_rms_norm", backend, x, eps, residual, weight=weight)
 
 
 def check_activation(backend, op, x, **params):

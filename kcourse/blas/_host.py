@@ -14,6 +14,8 @@ the same launch helpers with the same signatures:
 - ``weight_partials`` / ``column_sums`` / ``norm_gradients``: the norm backward's (S, P, D) float32
   partials of dweight and dbias and their column sums.
 - ``layer_norm_ops`` / ``rms_norm_ops``: what each norm's cache holds.
+- ``add_norm_ops`` / ``add_norm_backward``: the fused add + norms (h = x + residual, y = norm(h)), the
+  gradient of h computed once for x and residual.
 - ``rope_ops``: the backward is the rotation by ``-theta``.
 - ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
 """
@@ -138,6 +140,46 @@ def rms_norm_ops(norm_forward, norm_backward):
         return norm_backward(dout, rows_of(x), weight, None, rstd, (*needs, False))[:2]
 
     return rms_norm, rms_norm_backward
+
+
+def add_norm_backward(norm_backward):
+    """The backward of a fused add + norm (``h = x + residual``, ``y = norm(h)``) from its norm's pullback
+    ``norm_backward(dy, cache, needs, eps, dh) -> (dh_total, *parameter grads)``, which adds dh (h's own
+    gradient, None for 0) to the gradient of h: ``(dx, dresidual, *parameter grads)``, dx = dresidual =
+    dh_total, computed once (``needs`` over x, residual, then the parameters)."""
+
+    def backward(dout, cache, needs, eps):
+        dy, dh = dout
+        dx, *rest = norm_backward(dy, cache, (needs[0] or needs[1], *needs[2:]), eps, dh)
+        return (dx if needs[0] else None, dx if needs[1] else None, *rest)
+
+    return backward
+
+
+def add_norm_ops(norm_forward, norm_backward):
+    """``(add_layer_norm, add_layer_norm_backward, add_rms_norm, add_rms_norm_backward)`` of a backend whose
+    ``_norm.norm_forward`` fuses the add (``residual=``; it returns h's rows in x2's place) and whose
+    ``norm_backward`` adds h's own gradient (``dresidual=``); caches as the norms' (``layer_norm_ops``), of h."""
+
+    def add_layer_norm(x, residual, weight, bias, eps):
+        y, h, mean, rstd = norm_forward(x, weight, bias, eps, center=True, residual=residual)
+        h = h.view(x.shape)
+        return (y, h), (h, weight, mean, rstd)
+
+    def add_rms_norm(x, residual, weight, eps):
+        y, h, _, rstd = norm_forward(x, weight, None, eps, center=False, residual=residual)
+        h = h.view(x.shape)
+        return (y, h), (h, weight, rstd)
+
+    def layer(dy, cache, needs, eps, dh):
+        h, weight, mean, rstd = cache
+        return norm_backward(dy, rows_of(h), weight, mean, rstd, needs, dresidual=dh)
+
+    def rms(dy, cache, needs, eps, dh):
+        h, weight, rstd = cache
+        return norm_backward(dy, rows_of(h), weight, None, rstd, (*needs, False), dresidual=dh)[:2]
+
+    return add_layer_norm, add_norm_backward(layer), add_rms_norm, add_norm_backward(rms)
 
 
 # ----------------------------------------------------------------------------- rope

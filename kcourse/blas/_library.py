@@ -54,7 +54,8 @@ ops = torch.ops.kcourse
 _PROMOTE = {"axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "promote"}
 AUTOCAST = {
     "cuda": {"gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower", "softmax": "fp32",
-             "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32", **_PROMOTE},
+             "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
+             "add_layer_norm": "fp32", "add_rms_norm": "fp32", **_PROMOTE},
     "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", **_PROMOTE},  # torch's CPU lists
 }
 
@@ -540,6 +541,9 @@ _register("gemm", _setup_gemm, _gemm_backward)
 # ``<op>(inputs, params, backend) -> [out, *extras]`` returns the output and the tensors the forward
 # made for the backward (a norm's mean and rstd, a logsumexp), so that autograd can save them. The
 # backward reads ``cache = (*saved, *extras)``, where ``saved`` names inputs and the output.
+# An op of several differentiable outputs (``outs``: the fused add + norms' y and h) returns them as
+# a tuple, ``((y, h), cache)``, and its backward kernel takes their gradients as one, ``(dy, dh)``,
+# dh None when h's gradient is zero.
 
 
 @dataclass(frozen=True)
@@ -553,6 +557,9 @@ class Primitive:
     grads: tuple = ("dout",)  # per input, where its gradient's shape comes from: "dout", "row"
     #                           (the last dim of dout), a name in ``saved``, or None (not differentiable)
     strided_dout: bool = False  # the backward kernels read dout through its strides
+    outs: tuple[str, ...] = ("out",)  # the differentiable outputs, the first of dout's shape; names for ``saved``
+    tied: tuple[tuple[int, int], ...] = ()  # (i, j): input i's gradient is input j's (x + residual: the same),
+    #                                         computed once, as j's, and returned for both
 
     @functools.cached_property  # read on every call: parsed once
     def input_names(self) -> list[str]:
@@ -609,6 +616,11 @@ def _attention_lse(q, k, v, causal, scale):
     return [q.new_empty(q.shape[:3], dtype=_acc_dtype(q))]
 
 
+def _dense_pair(x, *rest, **params):
+    """Two contiguous outputs of ``x``'s shape (the fused add + norms' y and h)."""
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 PRIMITIVES: dict[str, Primitive] = {
     "softmax": Primitive("Tensor x", "int dim", lambda b, x, p: _check.check_softmax(b, x, p["dim"]),
                          _like, saved=("out",)),
@@ -625,6 +637,14 @@ PRIMITIVES: dict[str, Primitive] = {
     "rms_norm": Primitive("Tensor x, Tensor? weight", "float eps",
                           lambda b, x, w, p: _check.check_rms_norm(b, x, w, **p), _dense,
                           saved=("x", "weight"), extras=_row_stats(1), grads=("dout", "row")),
+    "add_layer_norm": Primitive("Tensor x, Tensor residual, Tensor? weight, Tensor? bias", "float eps",
+                                lambda b, x, r, w, bi, p: _check.check_add_layer_norm(b, x, r, w, bi, **p),
+                                _dense_pair, saved=("h", "weight"), extras=_row_stats(2),
+                                grads=("dout", "dout", "row", "row"), outs=("y", "h"), tied=((1, 0),)),
+    "add_rms_norm": Primitive("Tensor x, Tensor residual, Tensor? weight", "float eps",
+                              lambda b, x, r, w, p: _check.check_add_rms_norm(b, x, r, w, **p),
+                              _dense_pair, saved=("h", "weight"), extras=_row_stats(1),
+                              grads=("dout", "dout", "row"), outs=("y", "h"), tied=((1, 0),)),
     "gelu": Primitive("Tensor x", "str approximate",
                       lambda b, x, p: _check.check_activation(b, "gelu", x, **p), _like, saved=("x",)),
     "silu": Primitive("Tensor x", "", lambda b, x, p: _check.check_activation(b, "silu", x), _like, saved=("x",)),
@@ -659,50 +679,71 @@ def _split(spec: Primitive, args: tuple) -> tuple[tuple, dict, str]:
 def _define_primitive(op: str, spec: Primitive) -> None:
     params = f"{spec.params}, " if spec.params else ""
 
+    k = len(spec.outs)  # the differentiable outputs; the extras follow them
+
     def forward(*args):
         inputs, p, backend = _split(spec, args)
         out, cache = kernel(op, backend)(*inputs, **p)
-        return [_conform(out, spec, inputs), *(t.contiguous() for t in cache[len(_saved(op, backend)):])]
+        outs = out if k > 1 else (out,)
+        return [*(_conform(o, spec, inputs) for o in outs), *(t.contiguous() for t in cache[len(_saved(op, backend)):])]
 
     def forward_fake(*args):
         inputs, p, backend = _split(spec, args)
         spec.check(backend, *inputs, p)
         extras = [] if (op, backend) in SAVED_BY_BACKEND else spec.extras(*inputs, **p)
-        return [spec.out(*inputs, **p), *extras]
+        out = spec.out(*inputs, **p)
+        return [*(out if k > 1 else (out,)), *extras]
 
     _define(f"{op}({spec.inputs}, {params}str backend) -> Tensor[]", forward, forward_fake)
 
-    def backward(dout, saved, needs, *args):
+    def kernel_needs(needs) -> list:
+        """``needs`` with each tied input's gradient asked of the input it is tied to."""
+        needs = list(needs)
+        for i, j in spec.tied:
+            needs[j], needs[i] = needs[j] or needs[i], False
+        return needs
+
+    def backward(dout, *rest):
+        douts, (saved, needs, *args) = rest[:k - 1], rest[k - 1:]
         p, backend = dict(zip(spec.param_names, args[:-1])), args[-1]
-        grads = backends.backward_kernel(backend, op)(dout, tuple(saved), tuple(needs), **p)
+        needs = kernel_needs(needs)
+        grads = backends.backward_kernel(backend, op)((dout, *douts) if k > 1 else dout, tuple(saved), tuple(needs),
+                                                      **p)
         return [g.contiguous() for g, need in zip(grads, needs) if need]
 
-    def backward_fake(dout, saved, needs, *args):
-        backend = args[-1]
-        named = dict(zip(_saved(op, backend), saved))
+    def backward_fake(dout, *rest):
+        saved, needs, *args = rest[k - 1:]
+        named = dict(zip(_saved(op, args[-1]), saved))
         shapes = {"dout": dout.shape, "row": dout.shape[-1:]}
         return [dout.new_empty(shapes[g] if g in shapes else named[g].shape)
-                for g, need in zip(spec.grads, needs) if need]
+                for g, need in zip(spec.grads, kernel_needs(needs)) if need]
 
-    _define(f"{op}_backward(Tensor dout, Tensor?[] saved, bool[] needs, {params}str backend) -> Tensor[]",
+    more = "".join(f"Tensor? d{name}, " for name in spec.outs[1:])  # the other outputs' gradients (None: zero)
+    _define(f"{op}_backward(Tensor dout, {more}Tensor?[] saved, bool[] needs, {params}str backend) -> Tensor[]",
             backward, backward_fake)
 
     def setup(ctx, inputs, output):
         n = len(spec.input_names)
-        named = dict(zip(spec.input_names, inputs[:n]), out=output[0])
+        named = dict(zip(spec.input_names, inputs[:n]), **dict(zip(spec.outs, output)))
         ctx.n, ctx.args = n, inputs[n:]
-        ctx.save_for_backward(*(named[name] for name in _saved(op, inputs[-1])), *output[1:])
-        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(*(named[name] for name in _saved(op, inputs[-1])), *output[k:])
+        ctx.mark_non_differentiable(*output[k:])
         ctx.set_materialize_grads(False)  # no zeros made for the extras' gradients
 
     def pullback(ctx, grads):
         needs = list(ctx.needs_input_grad[:ctx.n])
         rest = [None] * len(ctx.args)
-        if not any(needs) or grads[0] is None:
+        if not any(needs) or all(g is None for g in grads[:k]):
             return (*[None] * ctx.n, *rest)
-        dout = grads[0] if spec.strided_dout else grads[0].contiguous()
-        got = iter(call(f"{op}_backward", dout, list(ctx.saved_tensors), needs, *ctx.args))
-        return (*(next(got) if need else None for need in needs), *rest)
+        dout = grads[0] if grads[0] is not None else torch.zeros_like(grads[1])  # only h used: the norm's is 0
+        dout = dout if spec.strided_dout else dout.contiguous()
+        more = [None if g is None else g.contiguous() for g in grads[1:k]]
+        got = iter(call(f"{op}_backward", dout, *more, list(ctx.saved_tensors), needs, *ctx.args))
+        result = [next(got) if need else None for need in kernel_needs(needs)]
+        for i, j in spec.tied:
+            result[i] = result[j] if needs[i] else None
+            result[j] = result[j] if needs[j] else None
+        return (*result, *rest)
 
     _register(op, setup, pullback)
 

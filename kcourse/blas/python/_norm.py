@@ -6,6 +6,8 @@ and return ``y = xhat * weight + bias``. With ``g = dy * weight``, the pullback 
     dx      = rstd * (g - mean(g) - xhat * mean(g * xhat))    (rms_norm: no ``- mean(g)`` term)
     dweight = sum over rows of dy * xhat
     dbias   = sum over rows of dy
+
+The fused add + norms normalize h = x + residual and add h's own gradient to dx (``dresidual``).
 """
 import torch
 
@@ -18,9 +20,15 @@ def affine(xhat: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor |
     return y if bias is None else y + acc(bias)
 
 
-def norm_backward(dout, x, weight, mean, rstd, needs):
+def add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``x + residual`` in the accumulation dtype, rounded once to x's dtype (the fused add + norms' h)."""
+    return (acc(x) + acc(residual)).to(x.dtype)
+
+
+def norm_backward(dout, x, weight, mean, rstd, needs, dresidual=None):
     """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm;
-    mean and rstd hold one value per row of x (N,)."""
+    mean and rstd hold one value per row of x (N,). ``dresidual`` (x's shape, or None: 0), the gradient x
+    also receives from elsewhere (the fused add + norms' h), is added to dx before it is rounded."""
     d = x.shape[-1]
     dy, xf = acc(dout), acc(x)  # (..., D)
     rstd = rstd.reshape(*x.shape[:-1], 1)  # (..., 1)
@@ -31,7 +39,8 @@ def norm_backward(dout, x, weight, mean, rstd, needs):
         dxhat = g - xhat * (g * xhat).mean(dim=-1, keepdim=True)
         if mean is not None:
             dxhat = dxhat - g.mean(dim=-1, keepdim=True)
-        dx = (rstd * dxhat).to(x.dtype)
+        dx = rstd * dxhat
+        dx = (dx if dresidual is None else dx + acc(dresidual)).to(x.dtype)
     if needs[1]:
         dweight = (dy * xhat).reshape(x.shape[:-1].numel(), d).sum(dim=0).to(x.dtype)  # (D,)
     if needs[2]:
