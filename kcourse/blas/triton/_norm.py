@@ -87,17 +87,36 @@ def _affine_store(xhat, cols, mask, w_ptr, b_ptr, y_ptr):
 
 
 @triton.jit
-def norm_forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, D, stride_row, stride_col, eps,
+def _load_input(x_row, r_row, h_row, cols, mask, stride_col, stride_rcol):
+    # columns `cols` of one row of the norm's input, float32, 0 where masked: x, or with a residual row
+    # h = x + r, rounded once to h's dtype, stored in h_row (the fused add + norms) and returned as rounded
+    x = tl.load(x_row + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+    if r_row is not None:
+        h = x + tl.load(r_row + cols * stride_rcol, mask=mask, other=0.0).to(tl.float32)
+        h = h.to(h_row.dtype.element_ty)
+        tl.store(h_row + cols, h, mask=mask)
+        x = h.to(tl.float32)
+    return x
+
+
+@triton.jit
+def norm_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, D, stride_row, stride_col,
+                        stride_rrow, stride_rcol, eps,
                         CENTER: tl.constexpr, BLOCK_D: tl.constexpr, ONE_BLOCK: tl.constexpr):
     # x: (N, D) with strides (stride_row, stride_col); w, b: (D,) contiguous or None;
     # y: (N, D) contiguous; mean (CENTER only), rstd: (N,) float32. One program per row.
+    # The fused add + norms: r (N, D) with strides (stride_rrow, stride_rcol), h (N, D) contiguous, where
+    # h = x + r is written and normalized; both None for the norms alone.
     row = tl.program_id(0).to(tl.int64)
     x_row, y_row = x_ptr + row * stride_row, y_ptr + row * D
+    r_row, h_row = r_ptr, h_ptr
+    if r_ptr is not None:
+        r_row, h_row = r_ptr + row * stride_rrow, h_ptr + row * D
     cols = tl.arange(0, BLOCK_D).to(tl.int64)  # (BLOCK_D,)
     mean = 0.0
     if ONE_BLOCK:  # the whole row in registers: read once, write once
         mask = cols < D
-        x = tl.load(x_row + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+        x = _load_input(x_row, r_row, h_row, cols, mask, stride_col, stride_rcol)
         if CENTER:
             mean = tl.sum(x, axis=0) / D
         xc = tl.where(mask, x - mean, 0.0)
@@ -106,12 +125,15 @@ def norm_forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, D, strid
     else:  # sweep 1: shifted sums of x - shift and its square (shift: the first block's mean); sweep 2: y
         shift = 0.0
         if CENTER:  # D > BLOCK_D here: the first block is full
-            shift = tl.sum(tl.load(x_row + cols * stride_col).to(tl.float32), axis=0) / BLOCK_D
+            first = tl.load(x_row + cols * stride_col).to(tl.float32)
+            if r_row is not None:  # any shift will do: h unrounded
+                first += tl.load(r_row + cols * stride_rcol).to(tl.float32)
+            shift = tl.sum(first, axis=0) / BLOCK_D
         sum1 = tl.zeros([BLOCK_D], dtype=tl.float32)
         sum2 = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for start in range(0, D, BLOCK_D):
+        for start in range(0, D, BLOCK_D):  # with a residual, h written here
             mask = start + cols < D
-            x = tl.load(x_row + (start + cols) * stride_col, mask=mask, other=0.0).to(tl.float32)
+            x = _load_input(x_row, r_row, h_row, start + cols, mask, stride_col, stride_rcol)
             xs = tl.where(mask, x - shift, 0.0)
             sum1 += xs
             sum2 += xs * xs
@@ -121,6 +143,9 @@ def norm_forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, D, strid
             mean = shift + delta
             var = tl.maximum(var - delta * delta, 0.0)
         rstd = 1.0 / tl.sqrt(var + eps)
+        if r_row is not None:  # sweep 2 reads h back, one load for two (and the stores above are seen)
+            tl.debug_barrier()
+            x_row, stride_col = h_row, 1
         for start in range(0, D, BLOCK_D):
             mask = start + cols < D
             x = tl.load(x_row + (start + cols) * stride_col, mask=mask, other=0.0).to(tl.float32)
@@ -151,7 +176,15 @@ def _load_tile(x_ptr, dy_ptr, rows, last, cols, D, stride_row, stride_col):
 
 
 @triton.jit
-def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D, CENTER: tl.constexpr):
+def _store_dx(dx_ptr, dh_ptr, offsets, dx, mask):
+    # dx (float32) + dh (the fused add + norms' gradient of h; None: 0) at `offsets`, rounded once
+    if dh_ptr is not None:
+        dx += tl.load(dh_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dh_ptr, D, CENTER: tl.constexpr):
     # one (BLOCK_M, BLOCK_D) tile of whole rows: stores dx (unless dx_ptr is None) and returns the
     # tile's terms of the column sums (dy * xhat, dy), float32; masked rows and columns give 0
     row_ok = rows < last
@@ -171,18 +204,18 @@ def _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D
             dxhat = g - xhat * (sum_gx / D)[:, None] - (sum_g / D)[:, None]
         else:
             dxhat = g - xhat * (tl.sum(g * xhat, axis=1) / D)[:, None]
-        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], (rstd * dxhat).to(dx_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+        _store_dx(dx_ptr, dh_ptr, rows[:, None] * D + cols[None, :], rstd * dxhat, row_ok[:, None] & col_ok[None, :])
     return dy * xhat, dy
 
 
 @triton.jit
-def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, totals_ptr,
+def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dh_ptr, dw_ptr, db_ptr, totals_ptr,
                          N, D, stride_row, stride_col, rows_per_program,
                          CENTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          ONE_BLOCK: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
                          LONG_STAGES: tl.constexpr):
-    # dy, dx: (N, D) contiguous, dx None when not needed; x: (N, D) strided; w: (D,) or None;
+    # dy, dx: (N, D) contiguous, dx None when not needed; dh: (N, D) contiguous or None, added to dx (the
+    # fused add + norms); x: (N, D) strided; w: (D,) or None;
     # mean (CENTER only), rstd: (N,) float32; dw, db: (P, D) float32 partial sums or None; totals:
     # (N, 2) float32 or None, a long row's sums between its two sweeps (dx beside a column sum).
     pid = tl.program_id(0).to(tl.int64)
@@ -203,8 +236,8 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                 x_next, dy_next = _load_tile(x_ptr, dy_ptr, rows + BLOCK_M, last, cols, D, stride_row, stride_col)
             else:
                 x, dy = _load_tile(x_ptr, dy_ptr, rows, last, cols, D, stride_row, stride_col)
-            dw_terms, db_terms = _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, D,
-                                                CENTER)
+            dw_terms, db_terms = _tile_backward(x, dy, rows, last, cols, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dh_ptr,
+                                                D, CENTER)
             acc_w += dw_terms
             acc_b += db_terms
         if dw_ptr is not None:
@@ -235,8 +268,7 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                         dxhat = g - xhat * (sum_gx / D)
                         if CENTER:
                             dxhat -= sum_g / D
-                        tl.store(dx_ptr + row * D + start + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty),
-                                 mask=mask)
+                        _store_dx(dx_ptr, dh_ptr, row * D + start + cols, rstd * dxhat, mask)
         if totals_ptr is not None:
             tl.debug_barrier()  # the row sums stored above, seen by every thread of the program
         if (dw_ptr is not None) or (db_ptr is not None):
@@ -261,8 +293,7 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pt
                         dxhat = g - xhat * (tl.load(totals_ptr + 2 * row) / D)
                         if CENTER:
                             dxhat -= tl.load(totals_ptr + 2 * row + 1) / D
-                        tl.store(dx_ptr + row * D + start + cols, (rstd * dxhat).to(dx_ptr.dtype.element_ty),
-                                 mask=mask)
+                        _store_dx(dx_ptr, dh_ptr, row * D + start + cols, rstd * dxhat, mask)
                 if dw_ptr is not None:
                     tl.store(dw_ptr + pid * D + start + cols, acc_w, mask=mask)
                 if db_ptr is not None:
@@ -287,18 +318,23 @@ def column_sum_kernel(partials_ptr, out_ptr, out2_ptr, P, D, BLOCK_P: tl.constex
     tl.store(out + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
-def norm_forward(x, weight, bias, eps, center):
+def norm_forward(x, weight, bias, eps, center, residual=None):
     """``(y, x2, mean, rstd)``: y like x; x2 = ``rows_of(x)``; mean (None unless ``center``) and
-    rstd (N,) float32. weight and bias are (D,) or None (a strided one is copied, D elements)."""
+    rstd (N,) float32. weight and bias are (D,) or None (a strided one is copied, D elements).
+    With a ``residual`` (x's shape, any strides) the norm is of h = x + residual, written (N, D)
+    contiguous in the same pass and returned in x2's place."""
     x2 = rows_of(x)
     n, d = x2.shape
+    r2 = None if residual is None else rows_of(residual)
+    h = None if residual is None else torch.empty(n, d, dtype=x.dtype, device=x.device)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = torch.empty(n, dtype=torch.float32, device=x.device) if center else None
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
-        norm_forward_kernel[(n,)](x2, _dense(weight), _dense(bias), y, mean, rstd, d, x2.stride(0), x2.stride(1),
-                                  eps, CENTER=center, **_block(d, ON_CHIP_FORWARD))
-    return y, x2, mean, rstd
+        r_strides = (0, 0) if r2 is None else r2.stride()
+        norm_forward_kernel[(n,)](x2, r2, h, _dense(weight), _dense(bias), y, mean, rstd, d, x2.stride(0),
+                                  x2.stride(1), *r_strides, eps, CENTER=center, **_block(d, ON_CHIP_FORWARD))
+    return y, (x2 if h is None else h), mean, rstd
 
 
 def _backward_options(n: int, d: int, itemsize: int) -> dict:
@@ -313,9 +349,10 @@ def _backward_options(n: int, d: int, itemsize: int) -> dict:
     return {**options, "BLOCK_M": block_m, "PREFETCH": itemsize <= PREFETCH_ITEMSIZE, "num_warps": warps}
 
 
-def norm_backward(dout, x2, weight, mean, rstd, needs):
+def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
     """``(dx, dweight, dbias)`` (None where ``needs`` says no); dout is contiguous, shaped like x;
-    x2 (N, D) and mean (None for rms_norm), rstd come from ``norm_forward``."""
+    x2 (N, D) and mean (None for rms_norm), rstd come from ``norm_forward``. ``dresidual`` (contiguous,
+    dout's shape, or None), h's own gradient in the fused add + norms, is added to dx before it is rounded."""
     n, d = x2.shape
     device = x2.device
     options = _backward_options(n, d, x2.element_size())
@@ -328,7 +365,7 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     totals = None  # long rows with dx and a column sum: dx is written in the column sweep, from these row sums
     if not options["ONE_BLOCK"] and needs[0] and partials is not None:
         totals = torch.empty(n, 2, dtype=torch.float32, device=device)
-    norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dw, db, totals, n, d,
+    norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dresidual, dw, db, totals, n, d,
                                       x2.stride(0), x2.stride(1), rows_per_program,
                                       CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
                                       **options)
