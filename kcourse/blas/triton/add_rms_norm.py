@@ -13,4 +13,4 @@ from .. import _host
 from ._norm import norm_backward, norm_forward
 
 
-_, _, add_rms_norm, add_rms_norm_backward = _host.add_norm_ops(norm_forward, norm_backward)
+add_rms_norm, add_rms_norm_backward = _host.add_norm_ops(norm_forward, norm_backward)[2:]
