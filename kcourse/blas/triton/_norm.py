@@ -41,6 +41,11 @@ Column sums: program (j, s) adds the P partials of the ``BLOCK_D`` columns j of 
 column blocks make many programs, each with one or two loads (D = 512, P = 256: 32 programs a set,
 each one 256 x 16 load, where 32 x 128 tiles gave 4 programs, each 16 dependent loads of P = 512).
 
+The fused add + norms (add_layer_norm, add_rms_norm) run these kernels with a residual: the forward
+normalizes h = x + residual, rounded once to x's dtype and stored beside y as it is loaded (a long
+row's second sweep reads h back); the backward reads h as its input and adds h's own gradient dh to
+dx before the store (``_store_dx``).
+
 FLOPs ~ 7ND forward, 13ND backward (rms_norm: 4ND, 9ND). Bytes (itemsize s): forward 2NDs (+ 8N
 for mean, rstd), backward 3NDs + 2 * 4PD per parameter gradient (the partials): memory-bound.
 """
