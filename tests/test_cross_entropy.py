@@ -71,7 +71,7 @@ def test_cross_entropy(backend, dtype, shape, layout, reduction):
 def test_reduction_over_many_rows(backend, reduction):
     """More rows than one block of the reductions' partials (triton 2048 rows each, cute 1024): the
     partial sums and counts, then their sum; the mean's gradient divides by the count found the same way."""
-    N = 5000
+    N = 2100  # triton: 2 blocks of partials, cute: 3
     logits, target = 3 * randn(N, 5), targets(N, 5)
     loss, dx, dout = run(backend, logits, target, reduction=reduction)
     loss_ref, dx_ref, _ = run("python", logits, target, dout, reduction=reduction)

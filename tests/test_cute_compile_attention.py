@@ -80,8 +80,18 @@ def no_hopper_kernels(monkeypatch):
     fresh_plans(monkeypatch, cute_attention, "_forward_plan", "_backward_plan")
 
 
-@pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "mma.sync"])
-@pytest.mark.parametrize("dtype, D, causal, shape, layout", CASES, ids=str)
+def kernel_cases():
+    """(hopper, *case): every case on the Hopper path; on the mma.sync path the first case, the others
+    -m slow (each compile takes 5-9 s on a CPU; the GPU run includes the slow ones)."""
+    for hopper in (True, False):
+        for i, case in enumerate(CASES):
+            values, marks = (case.values, list(case.marks)) if hasattr(case, "values") else (case, [])
+            if not hopper and i:
+                marks.append(pytest.mark.slow)
+            yield pytest.param(hopper, *values, marks=marks, id=f"{'sm90' if hopper else 'mma.sync'}-{values}")
+
+
+@pytest.mark.parametrize("hopper, dtype, D, causal, shape, layout", list(kernel_cases()))
 def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape, layout):
     if not hopper:
         no_hopper_kernels(monkeypatch)
