@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from benchmarks import timing
 @contextlib.contextmanager
 def triton_unchecked(op: str):
     """The triton kernels of ``op`` launched without their device assert (debug off)."""
-    module = __import__(f"kcourse.blas.triton.{op}", fromlist=["CHECKED"])
+    module = importlib.import_module(f"kcourse.blas.triton.{op}")
     shipped = module.CHECKED
     module.CHECKED = {**shipped, "debug": False}
     try:

@@ -24,6 +24,7 @@ the transformer primitives refuse them: tests/test_library.py).
 """
 import math
 import os
+import random
 
 import pytest
 import torch
@@ -54,7 +55,7 @@ def random_autotune_configs(monkeypatch) -> None:
     instead of timing all of them: a large budget on a GPU meets hundreds of shapes, each a new key
     (seconds of benchmarking), and every config, not only the fastest, gets fuzzed."""
     from triton.runtime.autotuner import Autotuner
-    prune, rng = Autotuner.prune_configs, __import__("random").Random(0)
+    prune, rng = Autotuner.prune_configs, random.Random(0)
     monkeypatch.setattr(Autotuner, "prune_configs", lambda self, kwargs: [rng.choice(prune(self, kwargs))])
 
 

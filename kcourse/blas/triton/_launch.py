@@ -58,6 +58,11 @@ def sum_pair(a, b, axis: tl.constexpr):
         return tl.sum(a, axis), tl.sum(b, axis)
 
 
+# launch options of a kernel with a tl.device_assert: debug mode compiles the assert in, and nothing
+# else with sanitize_overflow off (the interpreter ignores them: there the host has checked already)
+CHECKED = {"debug": True, "sanitize_overflow": False}
+
+
 @triton.jit
 def block_indices(BLOCK: tl.constexpr):
     """This program's BLOCK consecutive indices, in int64 so that huge tensors cannot overflow."""

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import block_indices
+from ._launch import CHECKED, block_indices
 from ._softmax import CHUNK
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
@@ -66,9 +66,6 @@ EARLY_LOAD = True  # forward, one pass: load the logits without waiting for the 
 PREFETCH = True  # forward, longer rows: load the next chunk before reducing the current one
 SUM_BLOCK, SUM_WARPS = 2048, 4  # mean / sum: rows per program of the partial sums, and its warps
 FINISH_BLOCK, FINISH_WARPS = 1024, 4  # ... partials per step of the one program that adds them
-# launch options of a kernel with a tl.device_assert: debug mode compiles the assert in, and nothing
-# else with sanitize_overflow off (the interpreter ignores them: there the host has checked already)
-CHECKED = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit

@@ -25,12 +25,9 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import block_indices
+from ._launch import CHECKED, block_indices
 
 NUM_WARPS = 4
-# launch options of a kernel with a tl.device_assert: debug mode compiles the assert in, and nothing
-# else with sanitize_overflow off (the interpreter ignores them: there the host has checked already)
-CHECKED = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit
