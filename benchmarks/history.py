@@ -3,6 +3,7 @@
     python -m benchmarks.history add OUT/results.json [more.json ...]   # append a run (benchmarks/run.py's JSON)
     python -m benchmarks.history add OUT/gpt.json                        # or a training run (benchmarks/gpt.py's JSON)
     python -m benchmarks.history add OUT/host.json                       # or host time per call (benchmarks/host.py)
+    python -m benchmarks.history add OUT/scaling.json                    # or 1 vs N GPUs (benchmarks/scaling.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
@@ -19,7 +20,10 @@
     device, date, versions, commit         where, when (UTC) and with what it ran; ``commit`` ends in
                                            ``+dirty`` when kcourse/ had uncommitted changes
     mode                                   training: ``eager``, ``compile``, ``autocast``, ``graphed`` ...;
-                                           ``host`` for host time per call (benchmarks/host.py)
+                                           ``host`` for host time per call (benchmarks/host.py);
+                                           ``x1``, ``ddp x2``, ``autocast fsdp x2`` ... over GPUs
+    gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
+                                           GPU over the model's 1-GPU run, peak memory per GPU
 
 Only points that ran and passed their correctness check are recorded. A run is identified by its
 (device, date): adding it twice adds nothing. ``latest`` keeps, per device, the newest row of each
@@ -144,6 +148,28 @@ def rows_from_variants(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_scaling(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/scaling.py`` scaling.json: tokens/s per GPU of a training step on 1
+    and N GPUs (DDP, FSDP2), with the scaling efficiency and the peak memory per GPU."""
+    meta = results["meta"]
+    shape = f"{meta['arch']} {meta['parameters'] / 1e6:.1f}M B{meta['batch_per_gpu']} T{meta['block_size']}"
+    commit = meta.get("git_commit")
+    if commit and meta.get("git_dirty"):
+        commit += "+dirty"
+    rows = []
+    for run in results["runs"].values():
+        if "tokens_per_s_per_gpu" not in run:
+            continue
+        rows.append(_clean(dict(
+            op="gpt_train", backend=run["model"], shape=shape, dtype=run["dtype"], direction="train",
+            mode=run["mode"], ms=_round(run["step_ms"]), rate=_round(run["tokens_per_s_per_gpu"]),
+            unit="tokens/s per GPU", gpus=run["gpus"], efficiency=_round(run.get("efficiency")),
+            peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
+            role="baseline" if run["model"] == "torch.nn" else None, device=run["device"], date=meta["date_utc"],
+            versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
+    return rows
+
+
 def rows_from_host(results: dict) -> list[dict]:
     """The rows of a ``benchmarks/host.py`` host.json: host microseconds per call of each op,
     against the torch call it stands for (ratio: torch's time over ours)."""
@@ -172,6 +198,8 @@ def rows_from_file(path: Path) -> list[dict]:
         return rows_from_bench(results)
     if "variants" in results:
         return rows_from_variants(results)
+    if "runs" in results:
+        return rows_from_scaling(results)
     if "rows" in results:
         return rows_from_host(results)
     if "torch.nn" in results:
@@ -259,7 +287,8 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
         out.append(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['dtype']} | {r['backend']} | {r['ms']:.4f} "
                    f"| {r['rate']:.4g} {r['unit']} | {r['fraction']:.3f} of {r['ceiling']} | {ratio} "
                    f"| >= {r['goal']:.2f} | {_met(r)} | {r['date'][:10]} |")
-    train = sorted((r for r in rows if r["op"] == "gpt_train"), key=lambda r: (r["shape"], r.get("mode", ""), _order(r)))
+    train = sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r),
+                   key=lambda r: (r["shape"], r.get("mode", ""), _order(r)))
     if train:
         out += ["", "## GPT training step (`benchmarks/gpt.py`)", "",
                 "| model | backend | mode | dtype | ms / step | tokens/s | vs its torch.nn baseline | date |",
@@ -268,6 +297,19 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
             out.append(f"| {r['shape']} | {r['backend']} | {r.get('mode', '-')} | {r['dtype']} | {r['ms']:.2f} "
                        f"| {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
+    scaling = sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" in r),
+                     key=lambda r: (r["shape"], _order(r), r["gpus"], r["mode"]))
+    if scaling:
+        out += ["", "## GPT training over GPUs (`benchmarks/scaling.py`)", "",
+                "Batch per GPU fixed. Efficiency: tokens/s per GPU over the same model's on 1 GPU (target >= 0.90 "
+                "with DDP); FSDP2's peak memory per GPU should be below DDP's.", "",
+                "| model | backend | mode | dtype | ms / step | tokens/s per GPU | efficiency | peak GiB per GPU | date |",
+                "|---|---|---|---|---:|---:|---:|---:|---|"]
+        for r in scaling:
+            eff = f"{r['efficiency']:.3f}" if r.get("efficiency") is not None else "-"
+            mem = f"{r['peak_gib']:.2f}" if r.get("peak_gib") is not None else "-"
+            out.append(f"| {r['shape']} | {r['backend']} | {r['mode']} | {r['dtype']} | {r['ms']:.2f} "
+                       f"| {r['rate']:,.0f} | {eff} | {mem} | {r['date'][:10]} |")
     host = sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r)))
     if host:
         out += ["", "## Host time per call (`benchmarks/host.py`)", "",

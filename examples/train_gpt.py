@@ -120,12 +120,18 @@ def parse_args(argv=None):
     p.add_argument("--n-layer", type=int, default=3)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=256,
+                   help="the model's vocabulary (the corpus's bytes use the first 256; 50304 is GPT-2's)")
     p.add_argument("--llama", action="store_true", help="swiglu, rmsnorm, rope, 2 kv heads, no bias")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--corpus-bytes", type=int, default=2_000_000)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--sample", type=int, default=300, help="bytes to sample at the end (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--metrics", type=Path, default=None,
+                   help="write each step's seconds, the losses and the peak GPU memory of every rank to this "
+                        "JSON file (benchmarks/scaling.py reads it)")
+    p.add_argument("--no-save", action="store_true", help="write no checkpoint at the end")
     p.add_argument("--cuda-graph", action="store_true",
                    help=f"replay the training step as a CUDA graph after {WARMUP} eager steps (same losses)")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
@@ -167,8 +173,8 @@ def build(args, group: distributed.Group, device: torch.device) -> tuple[GPT, to
     """The model, wrapped for ``group`` (DDP, or sharded in place by FSDP2), and AdamW over its parameters."""
     extra = dict(mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=max(1, args.n_head // 2), bias=False) \
         if args.llama else {}
-    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                       n_embd=args.n_embd, **extra)
+    config = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+                       n_head=args.n_head, n_embd=args.n_embd, **extra)
     model = GPT(config, backend=args.backend).to(device, getattr(torch, args.dtype))
     model = distributed.wrap(model, group, device, amp=args.amp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -313,6 +319,7 @@ def train(args) -> list[float]:
         from tqdm import tqdm
         bar = tqdm(total=args.steps, initial=start)
     tokens, t0 = 0, time.perf_counter()
+    step_s, last = [], t0  # each step's wall-clock seconds: the loss's .item() waits for the step
     side, graphed = (torch.cuda.Stream(), None) if args.cuda_graph else (None, None)
     for step in steps:
         x, y = batch(train_data, args.batch_size, args.block_size, gen, device, group)
@@ -328,6 +335,8 @@ def train(args) -> list[float]:
                 graphed = capture(model, optimizer, x, y, amp)
             loss = graphed(x, y)
         losses.append(distributed.mean(loss).item())
+        step_s.append(time.perf_counter() - last)
+        last = time.perf_counter()
         if step == start and slow_start:
             (bar.write if bar is not None else say)(f"first step: {time.perf_counter() - t0:.1f} s")
             tokens, t0 = 0, time.perf_counter()  # tokens/s from here: the compile time is not throughput
@@ -340,9 +349,12 @@ def train(args) -> list[float]:
     if bar is not None:
         bar.close()
 
-    config = vars(distributed.unwrap(model).config)
-    distributed.save(ckpt_path, model, optimizer, {**run_state(gen, losses, end), "config": config},
-                     sharded=args.dist == "fsdp")
+    if args.metrics:
+        write_metrics(args, group, device, step_s, losses[start:], n_params)
+    if not args.no_save:
+        config = vars(distributed.unwrap(model).config)
+        distributed.save(ckpt_path, model, optimizer, {**run_state(gen, losses, end), "config": config},
+                         sharded=args.dist == "fsdp")
     val = evaluate(model, val_data, args, group)
     tail = sum(losses[-20:]) / len(losses[-20:]) if losses else float("nan")
     say(f"train loss (last 20 steps) {tail:.3f}, validation loss {val:.3f}, unigram entropy {entropy:.3f} nats")
@@ -355,6 +367,25 @@ def train(args) -> list[float]:
             text = distributed.gathered(model).generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
         say("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
     return losses
+
+
+def write_metrics(args, group: distributed.Group, device: torch.device, step_s: list[float],
+                  losses: list[float], n_params: int) -> None:
+    """--metrics: rank 0 writes this run's step times (seconds, the first one with any compiling and
+    tuning), losses, global tokens per step and each rank's peak GPU memory (bytes, CUDA only) to
+    args.metrics. Every rank calls it (the peaks are gathered)."""
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    peaks = [peak] * group.world
+    if group.world > 1:
+        torch.distributed.all_gather_object(peaks, peak)
+    if group.main:
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        args.metrics.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics.write_text(json.dumps({
+            "device": device_name, "world": group.world, "dist": args.dist, "backend": args.backend,
+            "dtype": args.dtype, "amp": args.amp, "compile": args.compile, "parameters": n_params,
+            "tokens_per_step": args.batch_size * args.block_size, "step_s": step_s, "losses": losses,
+            "peak_memory_bytes": peaks}))
 
 
 @torch.no_grad()

@@ -129,6 +129,21 @@ def test_ddp_and_fsdp_on_two_gpus(tmp_path):
     check_two_ranks("cuda", backends, tmp_path)
 
 
+def test_scaling_benchmark_on_cpu(tmp_path):
+    """benchmarks/scaling.py launches train_gpt.py once per configuration (1 process; torchrun with 2,
+    DDP over gloo) and writes rows benchmarks/history.py takes (15-25 s on 2 cores: four Python processes
+    start, each importing torch)."""
+    from benchmarks import history, scaling
+
+    scaling.main(["--out", tmp_path, "--tiny", "--device", "cpu", "--gpus", "1,2", "--dists", "ddp",
+                  "--backends", "pytorch", "--steps", "2", "--warmup", "1"])
+    rows = history.rows_from_file(tmp_path / "scaling.json")
+    assert sorted(r["mode"] for r in rows) == ["ddp x2", "x1"]
+    assert all(r["rate"] > 0 and r["unit"] == "tokens/s per GPU" for r in rows)
+    assert next(r for r in rows if r["gpus"] == 2)["efficiency"] > 0
+    assert (tmp_path / "scaling.png").is_file()
+
+
 def test_bad_launches_are_clear_errors(monkeypatch, capsys):
     """Each rank reads the same environment, so each one stops with the same message."""
     parse = train_gpt().parse_args
