@@ -7,8 +7,10 @@ against the op's own time, on GPT-2 124M's shapes (8 x 1024 tokens, V = 50304, D
 On a GPU no backend reads the indices on the host (that would synchronize every call); each checks
 them on the device, and this measures that check (``benchmarks.timing``: do_bench medians):
 
-- cute and python: ``_check.assert_indices`` (a min/max over the N indices, ``torch._assert_async``)
+- python: ``_check.assert_indices`` (a min/max over the N indices, ``torch._assert_async``)
   launched before the kernels: timed alone;
+- cute: ``_compile.index_error`` inside the kernels (a compare and a trap on the loaded index): the
+  op timed as shipped and with kernels compiled without it (a fresh compile cache), the difference;
 - pytorch cross_entropy: its ``_assert_targets`` (a comparison, ``any``, ``torch._assert_async``):
   timed alone; pytorch embedding: F.embedding's kernel asserts itself (nothing to separate);
 - triton: ``tl.device_assert`` inside the kernels (compiled in with ``debug=True``): the op timed
@@ -46,9 +48,22 @@ def triton_unchecked(op: str):
         module.CHECKED = shipped
 
 
+@contextlib.contextmanager
+def cute_unchecked():
+    """The cute kernels compiled, within this block, without their index check (into a compile
+    cache of their own; the shipped kernels come back after)."""
+    from kcourse.blas.cute import _compile
+    shipped, kernels = _compile.index_error, _compile._kernels
+    _compile.index_error, _compile._kernels = (lambda *args: None), {}
+    try:
+        yield
+    finally:
+        _compile.index_error, _compile._kernels = shipped, kernels
+
+
 def check_alone(op: str, backend: str, idx, V: int):
     """The backend's separate check as a function, or None (inside the kernel, or none to separate)."""
-    if backend in ("cute", "python"):
+    if backend == "python":
         ignore = -100 if op == "cross_entropy" else None
         return lambda: _check.assert_indices(idx, V, ignore)
     if backend == "pytorch" and op == "cross_entropy":
@@ -87,6 +102,9 @@ def main(argv=None) -> dict:
             elif b == "triton":
                 with triton_unchecked(op):
                     check_ms, how = op_ms - time_ms(lambda: call(b)), "in-kernel assert (debug on vs off)"
+            elif b == "cute":
+                with cute_unchecked():
+                    check_ms, how = op_ms - time_ms(lambda: call(b)), "in-kernel trap (compiled in vs out)"
             else:
                 check_ms, how = None, "inside torch's kernel"
             row = {"op": op, "backend": b, "op_ms": op_ms, "how": how, "check_ms": check_ms,

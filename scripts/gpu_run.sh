@@ -49,12 +49,17 @@ if [[ $what == fuzz ]]; then  # tests/test_fuzz.py's large budget on triton and 
   status=$?; grep -E "passed|failed" "$out/fuzz.log" | tail -n 3
 fi
 if [[ $what == fuzz-each ]]; then  # FUZZ_TESTS="test_embedding[triton] ...": each in its own process, at once
-  # (a CUDA error poisons the process it happens in), CUDA_LAUNCH_BLOCKING=1 so it names the launch
+  # (a CUDA error poisons the process it happens in), CUDA_LAUNCH_BLOCKING=1 (FUZZ_BLOCKING) so it names the
+  # launch; FUZZ_SPLIT=n runs each test in n processes of FUZZ_EXAMPLES / n random examples each
   mkdir -p "$out/fuzz-each"
+  split=${FUZZ_SPLIT:-1}
   for id in ${FUZZ_TESTS:?name the tests}; do
-    ( KCOURSE_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-400} CUDA_LAUNCH_BLOCKING=1 timeout -s INT -k 30 ${FUZZ_TIMEOUT:-300} \
-        python3 -m pytest -p no:cacheprovider -n 0 -q -x "tests/test_fuzz.py::$id" > "$out/fuzz-each/$(tr -d '[]' <<< "$id").log" 2>&1
-      echo "$? $id" >> "$out/fuzz-each/exit-codes.txt" ) &
+    for part in $(seq "$split"); do
+      ( KCOURSE_FUZZ_EXAMPLES=$(( ${FUZZ_EXAMPLES:-400} / split )) CUDA_LAUNCH_BLOCKING=${FUZZ_BLOCKING:-1} \
+          timeout -s INT -k 30 ${FUZZ_TIMEOUT:-300} python3 -m pytest -p no:cacheprovider -n 0 -q -x \
+          "tests/test_fuzz.py::$id" > "$out/fuzz-each/$(tr -d '[]' <<< "$id")-$part.log" 2>&1
+        echo "$? $id $part" >> "$out/fuzz-each/exit-codes.txt" ) &
+    done
   done
   wait; sort -k2 "$out/fuzz-each/exit-codes.txt"
   tar -C "$out" -czf "$out/fuzz-each.tgz" fuzz-each && rm -rf "$out/fuzz-each"  # one file (a call returns few)

@@ -104,13 +104,20 @@ def raises(exc, pattern, fn, *args, **kwargs):
         assert torch.equal(t, t0) or (t.isnan() == t0.isnan()).all(), "an argument changed before the error"
 
 
-def assert_device_assert(script: str) -> None:
+def assert_device_assert(script: str, message: str | None = None) -> None:
     """Run ``script`` (Python source using CUDA) in a child process: it must die of a device-side
-    assert (which kills the CUDA context, hence the child) before printing "no error"."""
+    assert (which kills the CUDA context, hence the child) before printing "no error". With
+    ``message``: a kernel that reports the error itself and traps (the cute kernels) must have
+    printed it, and the launch failed."""
     import subprocess
     import sys
 
     result = subprocess.run([sys.executable, "-c", script + "; torch.cuda.synchronize(); print('no error')"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "no error" not in result.stdout, result.stdout
-    assert "device-side assert" in result.stderr or "Assertion" in result.stderr, result.stderr[-2000:]
+    if message is not None:
+        assert message in result.stdout, (result.stdout[-2000:], result.stderr[-2000:])
+        failed = result.stderr.lower().replace(" ", "")  # "unspecified launch failure", cudaErrorLaunchFailure
+        assert "launchfailure" in failed, result.stderr[-2000:]
+    else:
+        assert "device-side assert" in result.stderr or "Assertion" in result.stderr, result.stderr[-2000:]

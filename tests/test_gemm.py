@@ -72,6 +72,24 @@ def test_gemm_batch_of_one_broadcasts(backend):
     assert_close(blas.gemm(A, B, backend=backend), blas.gemm(A, B, backend="python"), k=24)
 
 
+@pytest.mark.parametrize("shared", ["A", "A1", "B"])
+def test_gemm_shared_operand_gradient_rounded_once(backend, shared):
+    # an operand broadcast over the batch gets the sum of the batch's products as its gradient:
+    # accumulated in float32 over all 6 * 129 terms and rounded once (within one ulp of the exact
+    # value), not a sum of per-batch products each rounded to float16 (several ulps off)
+    require_dtype(backend, torch.float16)
+    a_batch, b_batch = {"A": ((), (6,)), "A1": ((1,), (6,)), "B": ((6,), ())}[shared]
+    A = randn(*a_batch, 16, 129, dtype=torch.float16).requires_grad_()
+    B = randn(*b_batch, 129, 8, dtype=torch.float16).requires_grad_()
+    dC = randn(6, 16, 8, dtype=torch.float16)
+    blas.gemm(A, B, backend=backend).backward(dC)
+    A64, B64 = A.detach().double().requires_grad_(), B.detach().double().requires_grad_()
+    torch.matmul(A64, B64).backward(dC.double())
+    grad, exact = (A.grad, A64.grad) if shared.startswith("A") else (B.grad, B64.grad)
+    ulp = torch.finfo(torch.float16).eps * 2.0 ** torch.floor(torch.log2(exact.abs().clamp_min(2 ** -14)))
+    assert ((grad.double() - exact).abs() <= ulp).all()
+
+
 def test_gemm_k_zero(backend):
     A, B, C = randn(5, 0), randn(0, 7), randn(5, 7)
     assert_close(blas.gemm(A, B, C, 1.0, 0.5, backend=backend), 0.5 * C)

@@ -515,16 +515,30 @@ def _setup_gemm(ctx, inputs, output):
     ctx.save_for_backward(A, B)
 
 
+def _shared(X: Tensor, dC: Tensor) -> bool:
+    """Is operand ``X`` one matrix for the whole batch of ``dC`` (2-D, or a batch of 1 broadcast)?"""
+    return dC.dim() == 3 and (X.dim() == 2 or X.shape[0] == 1 != dC.shape[0])
+
+
 def _gemm_backward(ctx, dC):
+    """dA = a dC B^T, dB = a A^T dC, dC0 = b dC, each summed over the batch where its operand was
+    broadcast. An operand shared by the batch gets its gradient from one gemm over the stacked batch
+    (float32 accumulation over every term, rounded once), not a sum of rounded per-batch products."""
     A, B = ctx.saved_tensors
     a, b, be = ctx.alpha, ctx.beta, ctx.backend
     dA = dB = dC0 = None
     if ctx.needs_input_grad[0]:
-        dA = _sum_to(_product(dC, B.mT, a, be, like=A), A.shape, be)  # (.., m, n)(.., n, k)
+        if _shared(A, dC):  # one (m, b*n) @ (b*n, k) gemm
+            (m, k), (bs, _, n) = A.shape[-2:], dC.shape
+            dA = _product(dC.permute(1, 0, 2).reshape(m, bs * n), B.expand(bs, -1, -1).mT.reshape(bs * n, k),
+                          a, be, like=A.reshape(m, k)).reshape(A.shape)
+        else:
+            dA = _sum_to(_product(dC, B.mT, a, be, like=A), A.shape, be)  # (.., m, n)(.., n, k)
     if ctx.needs_input_grad[1]:
-        if B.dim() == 2 and dC.dim() == 3:  # B shared by the batch: one (k, b*m) @ (b*m, n) gemm
-            (k, n), rows = B.shape, dC.shape[0] * dC.shape[1]
-            dB = _product(A.expand(dC.shape[0], -1, -1).reshape(rows, k).mT, dC.reshape(rows, n), a, be, like=B)
+        if _shared(B, dC):  # one (k, b*m) @ (b*m, n) gemm
+            (k, n), rows = B.shape[-2:], dC.shape[0] * dC.shape[1]
+            dB = _product(A.expand(dC.shape[0], -1, -1).reshape(rows, k).mT, dC.reshape(rows, n), a, be,
+                          like=B.reshape(k, n)).reshape(B.shape)
         else:
             dB = _sum_to(_product(A.mT, dC, a, be, like=B), B.shape, be)  # (.., k, m)(.., m, n)
     if ctx.needs_input_grad[2]:

@@ -82,6 +82,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 
 DTYPES = {torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -91,6 +92,19 @@ COMPILE_SECONDS: dict[tuple, float] = {}  # (factory name, key, target) -> secon
 _kernels: dict[tuple, Kernel] = {}  # (factory, key, target) -> its Kernel
 _compile_only = False
 _CPU_TARGET = "sm_90a"  # what kernels compile for where there is no GPU
+
+
+# ----------------------------------------------------------------------------- errors inside a kernel
+
+def index_error(op: str, name: str, position, value, bound) -> None:
+    """Inside a kernel, for an index ``name[position] = value`` outside [0, ``bound``): print it and
+    stop the whole grid (``trap``). The launch then fails at the next synchronization ("unspecified
+    launch failure", the CUDA context lost, as after a device assert) with the message on stdout.
+    A compare and a branch on an index the kernel loads anyway: no extra launch, no extra traffic.
+    (The DSL's ``cf.assert`` is dropped by its compiler, so this is the device assert.)"""
+    cute.printf(f"kcourse {op}: {name}[%lld] = %lld is out of range [0, %lld)\n",
+                Int64(position), Int64(value), Int64(bound))
+    llvm.intr_trap()
 
 
 # ----------------------------------------------------------------------------- the machine

@@ -6,10 +6,9 @@
 
 n_valid counts the rows whose target is not ignore_index (a mean over none of them is 0/0 = NaN,
 as in torch). A target outside [0, V) that is not ignore_index is an error: on the host for CPU
-tensors (``_check.index_range``, an IndexError naming it), on the GPU a device assert launched
-before the kernel (``_check.assert_indices``: a min/max over the N targets and
-``torch._assert_async``, no host synchronization). Such a target is never read: were the assert
-off, its row's lse and loss would be NaN.
+tensors (``_check.index_range``, an IndexError naming it), on the GPU inside the forward kernel
+(``_compile.index_error``: the row's writer prints the row and the target and stops the grid; no
+host synchronization). Such a target is never read.
 
 Non-finite logits (the python reference's rule): exponentials are taken relative to the row max
 where it is finite, else relative to 0 (``_shift``; ``_rows.shift_of`` shifts by a +inf max too),
@@ -67,7 +66,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import _check, _host, tuning
+from .. import _host, tuning
 from . import _compile, _reduce
 from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
@@ -75,7 +74,6 @@ from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, c
                     row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce,
                     split_rows, store_chunk)
 
-NAN = float("nan")
 POS_INF = float("inf")
 BACKWARD_SHARE = 8192  # the most elements of a long row one CTA of the backward takes (split_rows)
 SUM_THREADS = 256  # threads of each CTA of the mean / sum / count kernels
@@ -204,9 +202,10 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
             m, s = cluster_allreduce((m, s), _combine_lse, plan_, peers)
         if writer != 0:
             if row < rows:
-                lse, loss = Float32(NAN), Float32(NAN)  # out of range
-                if t == ignore_index:
-                    lse, loss = Float32(0.0), Float32(0.0)
+                lse, loss = Float32(0.0), Float32(0.0)  # an ignored row
+                if t != ignore_index:
+                    if valid == 0:
+                        _compile.index_error("cross_entropy", "target", row, t, V)
                 if valid != 0:
                     log_s = cute.math.log(s)
                     lse = m + log_s
@@ -257,7 +256,7 @@ def _valid_sum_factory(target_dtype, out_dtype, mode: str):
                 if Int64(mT[i]) != ignore_index:
                     count += 1
                 if const_expr(mode != "count"):
-                    total += mLoss[i]  # ignored rows hold 0, out-of-range rows NaN
+                    total += mLoss[i]  # ignored rows hold 0
         total, count = cta_sums(total, count, mode != "count")
         if tidx == 0:
             mPart[0, p] = total
@@ -394,7 +393,6 @@ def _valid_sum(loss, target, ignore_index, reduction, out):
 
 def _forward(logits, target, lse, loss, ignore_index):
     N, V = logits.shape
-    _check.assert_indices(target, V, ignore_index)
     vec, plan_, args = _rows_of("cross_entropy", (logits,))
     pointer = _compile.pointer
     _compile.launch(_cross_entropy_factory, (_compile.DTYPES[logits.dtype], _compile.DTYPES[target.dtype],

@@ -2,9 +2,9 @@
 
 Forward: a gather. Bytes: N * D * itemsize read and written, plus the N indices. No FLOPs.
 An index outside [0, V) is an error: on the host for CPU tensors (``_check.index_range``, an
-IndexError naming it), on the GPU a device assert launched before the kernel
-(``_check.assert_indices``: a min/max over the N indices and ``torch._assert_async``, no host
-synchronization). Such an index is never dereferenced: were the assert off, its row would be NaN.
+IndexError naming it), on the GPU inside the gather (``_compile.index_error``: the thread that
+loads it prints the position and value and stops the grid; no host synchronization). Such an index
+is never dereferenced.
 
 Backward: dweight[v] = sum of dout[n] over the n with indices[n] == v. Each thread adds its tokens'
 rows of dout, converted to float32, into a zeroed float32 (V, D) accumulator with ``red.global.add``
@@ -44,7 +44,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
-from .. import _check, _host
+from .. import _host
 from . import _compile, _reduce
 
 THREADS = 256
@@ -105,8 +105,9 @@ def gather_kernel(dtype: torch.dtype, index_dtype: torch.dtype, vec: int, lanes:
             for k in cutlass.range_constexpr(ROWS):  # every load of the step first ...
                 if (rows[k] >= 0) & (rows[k] < n_rows):
                     cute.copy(atom, mW[None, (c, rows[k])], frag[None, k])
-                else:  # out of range (or past the last token): a row of NaN, never a read
-                    frag[None, k].fill(float("nan"))
+                else:  # past the last token, or an index out of range: a device assert, never a read
+                    if tokens[k] < n_tokens:
+                        _compile.index_error("embedding", "indices", tokens[k], rows[k], n_rows)
             for k in cutlass.range_constexpr(ROWS):  # ... then the stores
                 if tokens[k] < n_tokens:
                     cute.copy(atom, frag[None, k], mOut[None, (c, tokens[k])])
@@ -132,7 +133,6 @@ def gather_kernel(dtype: torch.dtype, index_dtype: torch.dtype, vec: int, lanes:
 def _gather(idx, weight, out):
     V, D = weight.shape
     N = idx.numel()
-    _check.assert_indices(idx, V)
     vec = 1
     if weight.stride(1) == 1:
         vec = _reduce.vector_width(weight.element_size(), addresses=(weight.data_ptr(), out.data_ptr()),

@@ -28,6 +28,8 @@ the kernel for:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -37,7 +39,7 @@ from ._launch import INTERPRET, autotune
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4)]
-else:  # tuned for H100; configs that do not fit in shared memory are skipped by the autotuner
+else:  # tuned for H100; configs that do not fit in shared memory are pruned (configs_that_fit)
     CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
                              num_warps=w, num_stages=s)
                for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
@@ -45,8 +47,27 @@ else:  # tuned for H100; configs that do not fit in shared memory are skipped by
                                         (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
+@functools.cache
+def _shared_memory(device: int) -> int:
+    """Bytes of shared memory a block may use on CUDA device ``device``."""
+    return triton.runtime.driver.active.utils.get_device_properties(device)["max_shared_mem"]
+
+
+def configs_that_fit(configs, args, **kwargs):
+    """``tiles_that_fit``, less the configs whose pipeline (``num_stages`` tiles of A and of B) does
+    not fit in the device's shared memory (float32's (128, 256, 64) x 3 stages needs 288 KiB): they
+    would fail to launch, and the autotuner would compile each only to skip it."""
+    fit = tiles_that_fit(configs, args, **kwargs)
+    if INTERPRET:
+        return fit
+    size, smem = args["A_ptr"].element_size(), _shared_memory(args["A_ptr"].device.index)
+    def need(c):
+        return c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size
+    return [c for c in fit if need(c) <= smem] or [min(configs, key=need)]
+
+
 @autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
-                 prune_configs_by={"early_config_prune": tiles_that_fit})
+                 prune_configs_by={"early_config_prune": configs_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
