@@ -75,8 +75,9 @@ def test_gemm_batch_of_one_broadcasts(backend):
 @pytest.mark.parametrize("shared", ["A", "A1", "B"])
 def test_gemm_shared_operand_gradient_rounded_once(backend, shared):
     # an operand broadcast over the batch gets the sum of the batch's products as its gradient:
-    # accumulated in float32 over all 6 * 129 terms and rounded once (within one ulp of the exact
-    # value), not a sum of per-batch products each rounded to float16 (several ulps off)
+    # one gemm over the stacked batch, accumulated in float32 and rounded once (CPU and cuBLAS
+    # float16 kernels land within ~2 ulps of the exact value), not a sum of per-batch products each
+    # rounded to float16 (thousands of ulps off on the CPU, 20 on an H200)
     require_dtype(backend, torch.float16)
     a_batch, b_batch = {"A": ((), (6,)), "A1": ((1,), (6,)), "B": ((6,), ())}[shared]
     A = randn(*a_batch, 16, 129, dtype=torch.float16).requires_grad_()
@@ -87,7 +88,7 @@ def test_gemm_shared_operand_gradient_rounded_once(backend, shared):
     torch.matmul(A64, B64).backward(dC.double())
     grad, exact = (A.grad, A64.grad) if shared.startswith("A") else (B.grad, B64.grad)
     ulp = torch.finfo(torch.float16).eps * 2.0 ** torch.floor(torch.log2(exact.abs().clamp_min(2 ** -14)))
-    assert ((grad.double() - exact).abs() <= ulp).all()
+    assert ((grad.double() - exact).abs() <= 4 * ulp).all()
 
 
 def test_gemm_k_zero(backend):
