@@ -60,7 +60,10 @@ def record(run_paths: list[str]) -> None:
                 for outcome in total:
                     total[outcome] += counts[outcome]
     verified = load_verified()
-    verified[device_class(run["meta"]["device"])] = run
+    device = device_class(run["meta"]["device"])
+    if "fuzz" in verified.get(device, {}):  # the large fuzz budget's run (tests/test_fuzz.py), kept
+        run["fuzz"] = verified[device]["fuzz"]
+    verified[device] = run
     VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
 
 
@@ -81,6 +84,11 @@ def table() -> str:
                      f"triton {run['meta'].get('triton', '-')}" for name, run in sorted(verified.items()))
     lines.append("")
     lines.append(f"Verified runs: {runs or 'none recorded'}.")
+    fuzzed = "; ".join(f"{name}: {run['fuzz']['examples']} examples per op on {', '.join(run['fuzz']['backends'])}, "
+                       f"{run['fuzz']['mismatches']} mismatches ({run['fuzz']['date']}, {run['fuzz']['commit']})"
+                       for name, run in sorted(verified.items()) if "fuzz" in run)
+    if fuzzed:
+        lines.append(f"Property fuzzing (tests/test_fuzz.py, KCOURSE_FUZZ_EXAMPLES): {fuzzed}.")
     return "\n".join(lines)
 
 
