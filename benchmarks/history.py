@@ -4,6 +4,7 @@
     python -m benchmarks.history add OUT/gpt.json                        # or a training run (benchmarks/gpt.py's JSON)
     python -m benchmarks.history add OUT/host.json                       # or host time per call (benchmarks/host.py)
     python -m benchmarks.history add OUT/scaling.json                    # or 1 vs N GPUs (benchmarks/scaling.py)
+    python -m benchmarks.history add OUT/decode.json                     # or decode tokens/s (benchmarks/decode.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
@@ -11,7 +12,7 @@
 
     op, backend, shape, dtype, direction   what was timed (``backend`` is torch's own op for a reference row)
     ms                                     median milliseconds of one call
-    rate, unit                             GB/s of the minimal traffic or TFLOP/s (tokens/s for training)
+    rate, unit                             GB/s of the minimal traffic or TFLOP/s (tokens/s for training and decode)
     fraction, ceiling                      rate over the ceiling measured in the same run, and its name
                                            (``copy_ bandwidth``, ``torch.matmul``, ``F.sdpa``)
     goal                                   the fraction the point must reach (target points only)
@@ -21,7 +22,9 @@
                                            ``+dirty`` when kcourse/ had uncommitted changes
     mode                                   training: ``eager``, ``compile``, ``autocast``, ``graphed`` ...;
                                            ``host`` for host time per call (benchmarks/host.py);
-                                           ``x1``, ``ddp x2``, ``autocast fsdp x2`` ... over GPUs
+                                           ``x1``, ``ddp x2``, ``autocast fsdp x2`` ... over GPUs; decode (op
+                                           ``gpt_decode``, direction ``decode``, ms a decode step): ``eager``,
+                                           ``static``, ... (benchmarks/decode.py)
     gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
                                            GPU over the model's 1-GPU run, peak memory per GPU
 
@@ -186,6 +189,31 @@ def rows_from_host(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_decode(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/decode.py`` decode.json: decode tokens/s of each model and mode (ms:
+    one decode step), kcourse's against its transformers baseline; only runs whose tokens matched."""
+    meta = results["meta"]
+    commit = meta.get("git_commit")
+    if commit and meta.get("git_dirty"):
+        commit += "+dirty"
+    rows = []
+    for r in results["decode"]:
+        if not r.get("decode_tokens_per_s") or not r.get("tokens_match"):
+            continue
+        model = meta["models"][r["arch"]]
+        rows.append(_clean(dict(
+            op="gpt_decode", backend=r["model"], direction="decode", mode=r["mode"], dtype=meta["dtype"],
+            shape=f"{r['arch']} {model['parameters'] / 1e6:.1f}M B{r['batch']} P{meta['prompt_len']} "
+                  f"N{meta['new_tokens']}",
+            ms=_round(r["decode_ms_per_token"]), rate=_round(r["decode_tokens_per_s"]), unit="tokens/s",
+            prefill_ms=_round(r["prefill_ms"]), baseline=r.get("baseline"), ratio=_round(r.get("ratio")),
+            role="baseline" if r["model"] == "transformers" else None,
+            device=meta["device"], date=meta["date_utc"],
+            versions={k: meta[k] for k in ("torch", "triton", "transformers", "cuda", "python") if meta.get(k)},
+            commit=commit)))
+    return rows
+
+
 def rows_from_file(path: Path) -> list[dict]:
     """The rows of a run's JSON, whichever runner wrote it; [] for anything else."""
     try:
@@ -196,6 +224,8 @@ def rows_from_file(path: Path) -> list[dict]:
         return []
     if "points" in results:
         return rows_from_bench(results)
+    if "decode" in results:
+        return rows_from_decode(results)
     if "variants" in results:
         return rows_from_variants(results)
     if "runs" in results:
@@ -249,7 +279,7 @@ def latest(rows: list[dict]) -> dict[str, list[dict]]:
 # ----------------------------------------------------------------------------- the summaries
 
 OP_ORDER = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm", "softmax", "log_softmax",
-            "cross_entropy", "layer_norm", "rms_norm", "attention", "gpt_train")
+            "cross_entropy", "layer_norm", "rms_norm", "attention", "gpt_train", "gpt_decode")
 BACKENDS = ("python", "pytorch", "triton", "cute")
 
 
@@ -310,6 +340,15 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             mem = f"{r['peak_gib']:.2f}" if r.get("peak_gib") is not None else "-"
             out.append(f"| {r['shape']} | {r['backend']} | {r['mode']} | {r['dtype']} | {r['ms']:.2f} "
                        f"| {r['rate']:,.0f} | {eff} | {mem} | {r['date'][:10]} |")
+    decode = sorted((r for r in rows if r["op"] == "gpt_decode"), key=lambda r: (r["shape"], r["mode"], _order(r)))
+    if decode:
+        out += ["", "## GPT decode (`benchmarks/decode.py`)", "",
+                "| model | backend | mode | dtype | prefill ms | ms / step | decode tokens/s | vs transformers | date |",
+                "|---|---|---|---|---:|---:|---:|---:|---|"]
+        for r in decode:
+            ratio = f"{r['ratio']:.2f}x ({r['baseline']})" if r.get("ratio") is not None else "-"
+            out.append(f"| {r['shape']} | {r['backend']} | {r['mode']} | {r['dtype']} | {r['prefill_ms']:.2f} "
+                       f"| {r['ms']:.3f} | {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
     host = sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r)))
     if host:
         out += ["", "## Host time per call (`benchmarks/host.py`)", "",

@@ -364,7 +364,9 @@ def train(args) -> list[float]:
     if args.sample:  # on every rank: FSDP2 gathers each block's weights from all of them
         prompt = torch.tensor([list(b"def ")], device=device)
         with autocast(args):
-            text = distributed.gathered(model).generate(prompt, args.sample, temperature=0.8, top_k=40)[0].tolist()
+            cache = prompt.shape[1] + args.sample <= args.block_size  # else the cropped context, recomputed each step
+            text = distributed.gathered(model).generate(prompt, args.sample, temperature=0.8, top_k=40,
+                                                        use_cache=cache)[0].tolist()
         say("--- sample ---\n" + bytes(text).decode("utf-8", errors="replace"))
     return losses
 

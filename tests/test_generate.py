@@ -1,6 +1,7 @@
 """GPT.generate with the KV cache: greedy tokens equal to use_cache=False on every backend and to
-transformers' generate; past block_size; sampling; left-padded batches in generate and forward
-(equal to transformers with the same mask); the cache's own errors and bad input."""
+transformers' generate; past block_size (an error with the cache, the context cropped without);
+sampling; left-padded batches in generate and forward (equal to transformers with the same mask);
+the cache's own errors and bad input."""
 import pytest
 import torch
 
@@ -50,10 +51,17 @@ def _cached_steps(arch):
         assert cache.pos == 10
 
 
-def test_past_block_size_the_context_is_cropped_as_without_the_cache():
+def test_past_block_size_the_cache_refuses_and_use_cache_false_crops():
+    """block_size 12: a 5-token prompt takes 7 new tokens with the cache (the last position fills it);
+    8 is an error naming what is wrong; without the cache the context is cropped (nanoGPT)."""
     gpt = model("gpt2", "pytorch")
     idx = prompts()
-    assert torch.equal(gpt.generate(idx, 10, temperature=0), gpt.generate(idx, 10, temperature=0, use_cache=False))
+    full = gpt.generate(idx, 7, temperature=0)
+    with pytest.raises(ValueError, match=r"a prompt of 5 tokens and max_new_tokens=8 make 13 positions, more than "
+                                         r"block_size \(12\).*at most 7 new tokens.*use_cache=False"):
+        gpt.generate(idx, 8, temperature=0)
+    cropped = gpt.generate(idx, 10, temperature=0, use_cache=False)
+    assert cropped.shape == (2, 15) and torch.equal(cropped[:, :12], full)
 
 
 def test_sampling_draws_the_same_tokens_with_and_without_the_cache():
@@ -91,7 +99,7 @@ def test_padded_forward_logits_and_loss():
     right = mask.flip(1)
     for m in (mask, right):
         logits, loss = gpt(idx, idx, attention_mask=m)
-        rows, losses, count = [], 0.0, 0
+        losses, count = 0.0, 0
         for b in range(3):
             valid = m[b].bool()
             alone, alone_loss = gpt(idx[b:b + 1, valid], idx[b:b + 1, valid])

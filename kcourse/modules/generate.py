@@ -2,8 +2,12 @@
 
 ``generate`` feeds the prompt once (the prefill: causal attention over its own positions, every
 layer's keys and values written into a ``KVCache``), then one token per step (the decode: the new
-token's query against every cached key, ``Tq = 1``). Past ``block_size`` positions the context is
-cropped to the last ``block_size`` tokens and recomputed each step, as without the cache.
+token's query against every cached key, ``Tq = 1``). The cache holds at most ``block_size`` positions
+(the rows of GPT-2's position table; the positions a rope model was built for), so with the cache a
+prompt of ``T`` tokens takes at most ``block_size - T`` new ones: more is a ``ValueError`` naming
+``max_new_tokens``, ``T`` and ``block_size``. Without the cache (``use_cache=False``) each step
+recomputes the whole context, cropped to its last ``block_size`` tokens as nanoGPT does, so any
+number of new tokens can be drawn.
 
 A padding mask ``(B, T)`` (1: a token, 0: padding; each row's tokens one contiguous run, e.g. left
 padding) is handled by running the rows of each span of tokens as one batch without their padding,
@@ -101,7 +105,10 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, backend=
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              use_cache: bool = True, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``idx (B, T)`` followed by ``max_new_tokens`` tokens of ``model`` (a GPT); see GPT.generate."""
+    """``idx (B, T)`` followed by ``max_new_tokens`` tokens of ``model`` (a GPT); see GPT.generate.
+
+    With ``use_cache``, ``T + max_new_tokens`` may not exceed ``block_size`` (a ``ValueError``);
+    with ``use_cache=False`` the context is cropped to its last ``block_size`` tokens instead."""
     if max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k < 1):
         raise ValueError(f"GPT.generate: max_new_tokens ({max_new_tokens}) and temperature ({temperature}) must "
                          f"be >= 0 and top_k ({top_k}) None or >= 1")
@@ -118,14 +125,19 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
                 new[rows] = generate(model, idx[rows, start:], max_new_tokens, temperature, top_k, use_cache)[:, T - start:]
             return torch.cat([idx, new], dim=1)
     block = model.config.block_size
+    if use_cache and T + max_new_tokens > block:
+        raise ValueError(f"GPT.generate: a prompt of {T} tokens and max_new_tokens={max_new_tokens} make "
+                         f"{T + max_new_tokens} positions, more than block_size ({block}), the positions the model "
+                         f"and its KV cache have: ask for at most {max(block - T, 0)} new tokens, or pass "
+                         "use_cache=False to crop the context to the last block_size tokens")
     fed = T + max_new_tokens - 1  # the positions fed to the model: the prompt, then each new token but the last
-    cache = model.kv_cache(min(fed, block)) if use_cache and 0 < T <= block and max_new_tokens else None
+    cache = model.kv_cache(fed) if use_cache and T and max_new_tokens else None
     seq, context = idx, idx
     for _ in range(max_new_tokens):
-        if cache is not None and cache.pos + context.shape[1] <= cache.max_len:
+        if cache is not None:
             h = model.hidden_states(context, cache)  # (B, T | 1, C)
         else:
-            h = model.hidden_states(seq[:, -block:])  # the cache full (or off): the cropped context
+            h = model.hidden_states(seq[:, -block:])  # without the cache: the context, cropped to block_size
         nxt = sample(model.lm_head(h[:, -1]), temperature, top_k, model.backend)  # (B, 1)
         seq, context = torch.cat([seq, nxt], dim=1), nxt
     return seq

@@ -127,8 +127,9 @@ class GPT(Module):
         """``idx (B, T)`` followed by ``max_new_tokens`` sampled tokens: ``(B, T + max_new_tokens)``.
 
         ``temperature`` 0 is greedy; ``top_k`` keeps the k most likely tokens. ``use_cache``: a
-        ``KVCache`` of up to ``block_size`` positions, so each step computes only its new token;
-        past ``block_size`` (and without it) each step recomputes the last ``block_size`` tokens.
+        ``KVCache`` of up to ``block_size`` positions, so each step computes only its new token
+        (``T + max_new_tokens > block_size`` is a ValueError); without it each step recomputes the
+        last ``block_size`` tokens, past ``block_size`` the context cropped.
         ``attention_mask (B, T)``: left padding (0s, then 1s), each row generated as if unpadded."""
         return generate(self, idx, max_new_tokens, temperature, top_k, use_cache, attention_mask)
 
