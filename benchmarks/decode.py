@@ -39,12 +39,9 @@ The compiled decode step, and why it is not a CUDA graph: the cache is static (p
 attention op's Tk grows by one each step. torch.compile handles that (after a recompile, dynamo's
 automatic dynamic shapes make the length symbolic), a CUDA graph does not: a captured graph replays fixed shapes, so it
 would need one capture per step (kcourse's attention takes no mask, so it cannot attend over the
-whole buffer with the unused positions masked out, as transformers' static cache does). With
-fullgraph=True the step does not trace today: the cache write, ``blas.copy_`` into a slice of the
-buffer, runs blas's in-place aliasing check, which reads ``data_ptr()`` (kcourse/blas/_check.py),
-and dynamo cannot trace that; the variant is recorded as failed with that error (it does not fall
-back to anything). compile-breaks lets dynamo break the graph there: it runs, as many small
-graphs per step.
+whole buffer with the unused positions masked out, as transformers' static cache does). The step
+traces whole (fullgraph=True; tests/test_compile.py); compile-breaks is the same without
+fullgraph, for comparison.
 
 Method. For each (arch, batch) the prompt is --prompt-len random tokens per row (seeded). Each
 variant's generate runs once untimed (its ``first_call_s``: compiling, autotuning, CUDA graph

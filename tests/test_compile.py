@@ -196,3 +196,25 @@ def test_compiled_invalid_arguments_raise_the_eager_error(name, case):
     with pytest.raises(ValueError) as compiled:
         torch.compile(call, backend="aot_eager", fullgraph=False)(*inputs)
     assert str(compiled.value) == str(eager.value)
+
+
+def test_kv_cache_decode_step_compiles_whole():
+    """A decode step with the KV cache traces whole: its cache writes are in-place kcourse ops
+    (``copy_`` into buffers made by the eager prefill), whose aliasing check reads addresses only
+    eagerly."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16), backend="pytorch").eval()
+    prompt = torch.randint(0, 32, (2, 4), device=DEVICE)
+
+    def step(tok, cache):
+        return model.lm_head(model.hidden_states(tok, cache)[:, -1]).argmax(dim=-1, keepdim=True)
+
+    with torch.no_grad():
+        outputs = []
+        for run in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+            cache = model.kv_cache(7)
+            tokens = [step(prompt, cache)]  # the prefill, eager
+            for _ in range(3):
+                tokens.append(run(tokens[-1], cache))
+            outputs.append(torch.cat(tokens, 1))
+    assert torch.equal(outputs[1], outputs[0])

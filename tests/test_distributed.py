@@ -129,6 +129,7 @@ def test_ddp_and_fsdp_on_two_gpus(tmp_path):
     check_two_ranks("cuda", backends, tmp_path)
 
 
+@pytest.mark.slow  # 15-25 s on 2 cores; the GPU runs include it
 def test_scaling_benchmark_on_cpu(tmp_path):
     """benchmarks/scaling.py launches train_gpt.py once per configuration (1 process; torchrun with 2,
     DDP over gloo) and writes rows benchmarks/history.py takes (15-25 s on 2 cores: four Python processes

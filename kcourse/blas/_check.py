@@ -199,8 +199,11 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Do the views ``a`` and ``b`` share a byte of memory? Exact for 1-D and 2-D views (see above);
     beyond, possibly True for views that only interleave (never False for views that overlap).
     Tensors without addresses (meta tensors, and the fake tensors torch.compile traces with) are
-    taken as disjoint: the eager call on real tensors makes the check."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or not (plain(a) and plain(b)):
+    taken as disjoint: the eager call on real tensors makes the check. While torch.compile traces,
+    addresses are unknown and views are taken as disjoint too: a compiled in-place call is not
+    checked for aliasing (its graph's functionalization decides where the target is written)."""
+    if torch.compiler.is_compiling() or a.numel() == 0 or b.numel() == 0 or a.device != b.device \
+            or not (plain(a) and plain(b)):
         return False
     lo, hi = _span(a)
     o_lo, o_hi = _span(b)
