@@ -137,6 +137,8 @@ def _inductor_fallbacks() -> None:
 
 def _autocasting(args: tuple) -> str | None:
     """The device type of the first tensor in ``args`` if autocast is on for it, else None."""
+    if not torch._C._is_any_autocast_enabled():  # the common case, one C call
+        return None
     device = next((a.device.type for a in args if isinstance(a, Tensor)), None)
     return device if device in NO_AUTOCAST and torch.is_autocast_enabled(device) else None
 
@@ -157,21 +159,27 @@ def call(name: str, *args):
     call than the dispatcher's Python autograd and autocast layers. Anything else (torch.compile
     tracing, fake or meta tensors, a TorchDispatchMode, functorch transforms) goes through
     ``torch.ops.kcourse``, where PyTorch sees the op whole."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
-            not all(_check.plain(a) for a in args if isinstance(a, Tensor)):
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return getattr(ops, name)(*args)
+    requires_grad = False
+    for a in args:  # one pass: every tensor plain, and does any want a gradient?
+        if isinstance(a, Tensor):
+            if not _check.plain(a):
+                return getattr(ops, name)(*args)
+            requires_grad = requires_grad or a.requires_grad
     device = _autocasting(args)
     if device is not None:
         with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[device]):
-            return _run(name, _cast(args, AUTOCAST[device].get(name), device))
-    return _run(name, args)
+            return _run(name, _cast(args, AUTOCAST[device].get(name), device), requires_grad)
+    return _run(name, args, requires_grad)
 
 
-def _run(name: str, args: tuple):
-    function = FUNCTIONS.get(name)
-    if function is not None and torch.is_grad_enabled() and \
-            any(isinstance(a, Tensor) and a.requires_grad for a in args):
-        return function.apply(*args)
+def _run(name: str, args: tuple, requires_grad: bool):
+    """The op's implementation, inside its autograd Function when a gradient is wanted."""
+    if requires_grad and torch.is_grad_enabled():
+        function = FUNCTIONS.get(name)
+        if function is not None:
+            return function.apply(*args)
     return IMPLS[name](*args)
 
 
