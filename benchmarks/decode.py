@@ -88,19 +88,16 @@ kcourse's compile fails within seconds. For a bounded run: --new-tokens 64 --rep
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import platform
 import re
-import subprocess
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-import kcourse
+from benchmarks import common
 from benchmarks.timing import cpu_ms
 from kcourse.modules import GPT, GPTConfig, set_backend
 from kcourse.modules.hf import hf_config
@@ -127,17 +124,7 @@ def config(arch: str, tiny: bool) -> GPTConfig:
 
 def variant_names(args) -> tuple[list[str], dict[str, str]]:
     """The variants to run per (arch, batch), in order, and the ones skipped with the reason."""
-    skipped, backends = {}, []
-    info = kcourse.backends()
-    for b in args.backends:
-        if b not in info:
-            raise SystemExit(f"unknown backend {b!r}; valid: {', '.join(info)}")
-        if args.cuda and b == "python":
-            skipped[b] = "too slow for this benchmark on CUDA"
-        elif not info[b].available:
-            skipped[b] = f"{info[b].reason} (fix: {info[b].fix})"
-        else:
-            backends.append(b)
+    backends, skipped = common.usable_backends(args.backends, args.cuda)
     every = [f"transformers:{m}" for m in TRANSFORMERS_MODES] + [f"{b}:{m}" for b in backends for m in KCOURSE_MODES]
     names = [n for n in every if not n.endswith(":compile-breaks")]
     if args.variants:
@@ -288,23 +275,7 @@ def ratios(runs: list[dict]) -> None:
 
 
 def meta(args, models: dict) -> dict:
-    versions = {}
-    for module in ("triton", "transformers"):
-        try:
-            versions[module] = __import__(module).__version__
-        except ImportError:
-            versions[module] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                    capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    return {"benchmark": "decode",
-            "device": torch.cuda.get_device_name(args.device) if args.cuda else platform.processor() or "cpu",
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            "torch": torch.__version__, **versions, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "git_commit": commit, "git_dirty": dirty, "dtype": args.dtype,
+    return {"benchmark": "decode", **common.environment(args.device), "dtype": args.dtype,
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batches": args.batches,
             "repeats": args.repeats, "check_tokens": args.check_tokens, "tie_tol": args.tie_tol, "tiny": args.tiny, "models": models}
 

@@ -46,21 +46,16 @@ unless its disk cache is warm); a kcourse triton compile-ro did not finish withi
 from __future__ import annotations
 
 import argparse
-import datetime
-import functools
 import gc
-import importlib.util
 import json
-import platform
 import statistics
-import subprocess
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-import kcourse
+from benchmarks import common
 from kcourse.modules import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,13 +77,9 @@ def target(name: str) -> float:
     return 0.97 if name == "pytorch:eager" else TARGETS[name.partition(":")[2]]
 
 
-@functools.cache
 def torch_reference():
-    """tests/torch_reference.py (the torch.nn twin of kcourse.modules), loaded by path."""
-    spec = importlib.util.spec_from_file_location("torch_reference", ROOT / "tests" / "torch_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tests/torch_reference.py (the torch.nn twin of kcourse.modules)."""
+    return common.load("tests/torch_reference.py")
 
 
 def config(args) -> GPTConfig:
@@ -100,17 +91,8 @@ def config(args) -> GPTConfig:
 
 def variant_names(args) -> tuple[list[str], dict[str, str]]:
     """The variants to run, in order, and the backends skipped with the reason."""
-    skipped, models = {}, ["torch.nn"]
-    info = kcourse.backend.backends()
-    for b in args.backends:
-        if b not in info:
-            raise SystemExit(f"unknown backend {b!r}; valid: {', '.join(info)}")
-        if args.cuda and b == "python":
-            skipped[b] = "too slow for this benchmark on CUDA"
-        elif not info[b].available:
-            skipped[b] = f"{info[b].reason} (fix: {info[b].fix})"
-        else:
-            models.append(b)
+    backends, skipped = common.usable_backends(args.backends, args.cuda)
+    models = ["torch.nn", *backends]
     names = [f"torch.nn:{m}" for m in TORCH_NN_MODES] + [f"{b}:{m}" for b in models[1:] for m in KCOURSE_MODES]
     if args.cuda_graph:
         names += [f"{b}:graphed" for b in models]
@@ -289,21 +271,7 @@ def ratios(results: dict) -> None:
 
 
 def meta(args, c: GPTConfig, n_params: int) -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                    capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    return {"device": torch.cuda.get_device_name(args.device) if args.cuda else platform.processor() or "cpu",
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "git_commit": commit, "git_dirty": dirty,
+    return {**common.environment(args.device),
             "arch": args.arch, "dtype": args.dtype, "autocast_dtype": "bfloat16", "batch": args.batch,
             "block_size": c.block_size, "n_layer": c.n_layer, "n_embd": c.n_embd, "parameters": n_params,
             "steps": args.steps, "warmup": args.warmup, "fullgraph": not args.allow_graph_breaks}

@@ -72,12 +72,16 @@ def _clean(row: dict) -> dict:
 # ----------------------------------------------------------------------------- reading runs
 
 
+def _commit(meta: dict) -> str | None:
+    """The run's commit, ``+dirty`` when tracked files had changed."""
+    commit = meta.get("git_commit")
+    return commit + "+dirty" if commit and meta.get("git_dirty") else commit
+
+
 def rows_from_bench(results: dict) -> list[dict]:
     """The rows of one ``benchmarks/run.py`` results.json: every point that ran and was checked."""
     meta = results["meta"]
-    commit = meta.get("git_commit")
-    if commit and meta.get("git_dirty"):
-        commit += "+dirty"
+    commit = _commit(meta)
     common = dict(device=meta["device_name"], date=meta["date_utc"], commit=commit,
                   versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)})
     eager_name = {(p["op"], p["dtype"], tuple(p["shape"]), p.get("causal"), p.get("direction", "fwd")): p["backend"]
@@ -131,9 +135,7 @@ def rows_from_variants(results: dict) -> list[dict]:
     of a training step, each against its own torch.nn baseline (eager, compile or autocast)."""
     meta = results["meta"]
     shape = f"{meta['arch']} {meta['parameters'] / 1e6:.1f}M B{meta['batch']} T{meta['block_size']}"
-    commit = meta.get("git_commit")
-    if commit and meta.get("git_dirty"):
-        commit += "+dirty"
+    commit = _commit(meta)
     rows = []
     for name, run in results["variants"].items():
         if "tokens_per_s" not in run:
@@ -156,9 +158,7 @@ def rows_from_scaling(results: dict) -> list[dict]:
     and N GPUs (DDP, FSDP2), with the scaling efficiency and the peak memory per GPU."""
     meta = results["meta"]
     shape = f"{meta['arch']} {meta['parameters'] / 1e6:.1f}M B{meta['batch_per_gpu']} T{meta['block_size']}"
-    commit = meta.get("git_commit")
-    if commit and meta.get("git_dirty"):
-        commit += "+dirty"
+    commit = _commit(meta)
     rows = []
     for run in results["runs"].values():
         if "tokens_per_s_per_gpu" not in run:
@@ -193,9 +193,7 @@ def rows_from_decode(results: dict) -> list[dict]:
     """The rows of a ``benchmarks/decode.py`` decode.json: decode tokens/s of each model and mode (ms:
     one decode step), kcourse's against its transformers baseline; only runs whose tokens matched."""
     meta = results["meta"]
-    commit = meta.get("git_commit")
-    if commit and meta.get("git_dirty"):
-        commit += "+dirty"
+    commit = _commit(meta)
     rows = []
     for r in results["decode"]:
         if not r.get("decode_tokens_per_s") or not r.get("tokens_match"):
@@ -317,47 +315,51 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
         out.append(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['dtype']} | {r['backend']} | {r['ms']:.4f} "
                    f"| {r['rate']:.4g} {r['unit']} | {r['fraction']:.3f} of {r['ceiling']} | {ratio} "
                    f"| >= {r['goal']:.2f} | {_met(r)} | {r['date'][:10]} |")
-    train = sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r),
-                   key=lambda r: (r["shape"], r.get("mode", ""), _order(r)))
-    if train:
-        out += ["", "## GPT training step (`benchmarks/gpt.py`)", "",
-                "| model | backend | mode | dtype | ms / step | tokens/s | vs its torch.nn baseline | date |",
-                "|---|---|---|---|---:|---:|---:|---|"]
-        for r in train:
-            ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
-            out.append(f"| {r['shape']} | {r['backend']} | {r.get('mode', '-')} | {r['dtype']} | {r['ms']:.2f} "
-                       f"| {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
-    scaling = sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" in r),
-                     key=lambda r: (r["shape"], _order(r), r["gpus"], r["mode"]))
-    if scaling:
-        out += ["", "## GPT training over GPUs (`benchmarks/scaling.py`)", "",
-                "Batch per GPU fixed. Efficiency: tokens/s per GPU over the same model's on 1 GPU (target >= 0.90 "
-                "with DDP); FSDP2's peak memory per GPU should be below DDP's.", "",
-                "| model | backend | mode | dtype | ms / step | tokens/s per GPU | efficiency | peak GiB per GPU | date |",
-                "|---|---|---|---|---:|---:|---:|---:|---|"]
-        for r in scaling:
-            eff = f"{r['efficiency']:.3f}" if r.get("efficiency") is not None else "-"
-            mem = f"{r['peak_gib']:.2f}" if r.get("peak_gib") is not None else "-"
-            out.append(f"| {r['shape']} | {r['backend']} | {r['mode']} | {r['dtype']} | {r['ms']:.2f} "
-                       f"| {r['rate']:,.0f} | {eff} | {mem} | {r['date'][:10]} |")
-    decode = sorted((r for r in rows if r["op"] == "gpt_decode"), key=lambda r: (r["shape"], r["mode"], _order(r)))
-    if decode:
-        out += ["", "## GPT decode (`benchmarks/decode.py`)", "",
-                "| model | backend | mode | dtype | prefill ms | ms / step | decode tokens/s | vs transformers | date |",
-                "|---|---|---|---|---:|---:|---:|---:|---|"]
-        for r in decode:
-            ratio = f"{r['ratio']:.2f}x ({r['baseline']})" if r.get("ratio") is not None else "-"
-            out.append(f"| {r['shape']} | {r['backend']} | {r['mode']} | {r['dtype']} | {r['prefill_ms']:.2f} "
-                       f"| {r['ms']:.3f} | {r['rate']:,.0f} | {ratio} | {r['date'][:10]} |")
-    host = sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r)))
-    if host:
-        out += ["", "## Host time per call (`benchmarks/host.py`)", "",
-                "Tiny operands: the host's time (validation, dispatch, launch), not the GPU's. "
-                "The ratio is torch's time over ours.", "",
-                "| op | dir | backend | us / call | vs torch | date |", "|---|---|---|---:|---:|---|"]
-        for r in host:
-            out.append(f"| {r['op']} | {r['direction']} | {r['backend']} | {r['ms'] * 1000:.1f} "
-                       f"| {r['ratio']:.2f}x | {r['date'][:10]} |")
+    def section(title: str, note: str, columns: str, cells, picked: list[dict]) -> None:
+        """A table of ``picked`` rows under ``title``: ``columns`` "name | name> | ..." (">": a number,
+        right-aligned), each row's cells from ``cells(r)``."""
+        if not picked:
+            return
+        names = [c.strip() for c in columns.split("|")]
+        out.extend(["", f"## {title}", "", *([note, ""] if note else []),
+                    "| " + " | ".join(n.rstrip(">") for n in names) + " |",
+                    "|" + "|".join("---:" if n.endswith(">") else "---" for n in names) + "|"])
+        out.extend("| " + " | ".join(cells(r)) + " |" for r in picked)
+
+    def ratio(r, baseline=False):
+        if r.get("ratio") is None:
+            return "-"
+        return f"{r['ratio']:.2f}x" + (f" ({r['baseline']})" if baseline else "")
+
+    def number(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    section("GPT training step (`benchmarks/gpt.py`)", "",
+            "model | backend | mode | dtype | ms / step> | tokens/s> | vs its torch.nn baseline> | date",
+            lambda r: (r["shape"], r["backend"], r.get("mode", "-"), r["dtype"], f"{r['ms']:.2f}", f"{r['rate']:,.0f}",
+                       ratio(r), r["date"][:10]),
+            sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r),
+                   key=lambda r: (r["shape"], r.get("mode", ""), _order(r))))
+    section("GPT training over GPUs (`benchmarks/scaling.py`)",
+            "Batch per GPU fixed. Efficiency: tokens/s per GPU over the same model's on 1 GPU (target >= 0.90 "
+            "with DDP); FSDP2's peak memory per GPU should be below DDP's.",
+            "model | backend | mode | dtype | ms / step> | tokens/s per GPU> | efficiency> | peak GiB per GPU> | date",
+            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}", f"{r['rate']:,.0f}",
+                       number(r.get("efficiency"), ".3f"), number(r.get("peak_gib"), ".2f"), r["date"][:10]),
+            sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" in r),
+                   key=lambda r: (r["shape"], _order(r), r["gpus"], r["mode"])))
+    section("GPT decode (`benchmarks/decode.py`)", "",
+            "model | backend | mode | dtype | prefill ms> | ms / step> | decode tokens/s> | vs transformers> | date",
+            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['prefill_ms']:.2f}", f"{r['ms']:.3f}",
+                       f"{r['rate']:,.0f}", ratio(r, baseline=True), r["date"][:10]),
+            sorted((r for r in rows if r["op"] == "gpt_decode"), key=lambda r: (r["shape"], r["mode"], _order(r))))
+    section("Host time per call (`benchmarks/host.py`)",
+            "Tiny operands: the host's time (validation, dispatch, launch), not the GPU's. The ratio is torch's "
+            "time over ours.",
+            "op | dir | backend | us / call> | vs torch> | date",
+            lambda r: (r["op"], r["direction"], r["backend"], f"{r['ms'] * 1000:.1f}", f"{r['ratio']:.2f}x",
+                       r["date"][:10]),
+            sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r))))
     return "\n".join(out) + "\n"
 
 

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
-import importlib.util
 import json
 import os
 import shlex
@@ -56,6 +54,7 @@ from pathlib import Path
 import torch
 
 import kcourse
+from benchmarks import common
 from benchmarks import gpt
 from kcourse import distributed
 from kcourse.modules import GPT
@@ -65,13 +64,9 @@ LR = 6e-4  # nanoGPT's for GPT-2 124M
 EFFICIENCY_TARGET = 0.90  # DDP on 2 GPUs
 
 
-@functools.cache
 def train_gpt():
-    """examples/train_gpt.py, loaded by path."""
-    spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """examples/train_gpt.py."""
+    return common.load("examples/train_gpt.py")
 
 
 def torch_nn_worker(argv: list[str]) -> None:
