@@ -218,3 +218,32 @@ def test_kv_cache_decode_step_compiles_whole():
                 tokens.append(run(tokens[-1], cache))
             outputs.append(torch.cat(tokens, 1))
     assert torch.equal(outputs[1], outputs[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["pytorch", "triton", "cute"])
+def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
+    """mode="reduce-overhead" (cudagraph trees): the warm-up run is eager but allocates from the graph's
+    memory pool, so no op may keep a tensor made there (its caches start empty here, as in a fresh
+    process); the replays give eager's loss and gradients."""
+    require_backend(name)
+    if DEVICE != "cuda":
+        pytest.skip("CUDA graphs need CUDA")
+    from kcourse.blas import _library, _rope
+    monkeypatch.setattr(_library, "_ONES", {})
+    monkeypatch.setattr(_rope, "_TURNS", {})
+    if name == "cute":
+        from kcourse.blas.cute import _compile
+        monkeypatch.setattr(_compile, "_workspaces", {})
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=128, block_size=64, n_layer=2, n_head=2, n_embd=64, mlp="swiglu",
+                       norm="rmsnorm", pos="rope", bias=False)
+    model = GPT(config, backend=name).to(DEVICE)
+    x, y = (torch.randint(0, 128, (2, 64), device=DEVICE) for _ in range(2))
+    loss, grads = loss_and_grads(model, x, y)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up, recording, replay
+        loss_c, grads_c = loss_and_grads(model, x, y, run=compiled)
+    assert_rel(loss_c, loss)
+    for n in grads:
+        assert_rel(grads_c[n], grads[n], rtol=1e-4)

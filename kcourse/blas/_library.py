@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .. import backend as backends
-from . import _check
+from . import _cache, _check
 
 LIB = torch.library.Library("kcourse", "DEF")
 ops = torch.ops.kcourse
@@ -400,7 +400,7 @@ def _product(X: Tensor, Y: Tensor, a: float, backend: str, like: Tensor) -> Tens
 
 def _ones(n: int, like: Tensor) -> Tensor:
     """``n`` ones: a stride-0 view of one cached element. One made while a CUDA graph is being
-    captured is not cached (its fill runs only when the graph replays), and while torch.compile
+    captured or warmed up is not cached (``_cache.keepable``), and while torch.compile
     traces (``like`` is then a fake or functional tensor, not a ``torch.Tensor`` itself) the
     cache is neither read nor written: the graph makes its own."""
     if type(like) is not Tensor or torch.compiler.is_compiling():
@@ -409,7 +409,7 @@ def _ones(n: int, like: Tensor) -> Tensor:
     one = _ONES.get(key)
     if one is None:
         one = torch.ones(1, dtype=like.dtype, device=like.device)
-        if not (one.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if _cache.keepable(one.device):
             _ONES[key] = one
     return one.expand(n)
 

@@ -95,6 +95,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .._layout import tma_strides
+from .. import _cache
 from . import _compile
 from ._attention_fwd import LOG2E, _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
 from ._reduce import sm_count
@@ -174,13 +175,13 @@ _captured: dict[tuple, torch.Tensor] = {}  # the tables a CUDA graph may read: n
 def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, device: torch.device):
     """``schedule`` as the kernel reads it: an int32 (grid, L) tensor on ``device``, row c CTA c's walk
     then ``m_tiles * heads`` (past the last tile: the end) to the row's end. Made once per key and kept
-    (at most ``_compile.PLANS``, the oldest freed first). While the current stream captures a CUDA
-    graph: the table, kept for good (the graph may be replayed at any time), or None if it is not made
+    (at most ``_compile.PLANS``, the oldest freed first). While a CUDA graph is captured or warmed
+    up (``_cache.keepable``): the table, kept for good (the graph may be replayed at any time), or None if it is not made
     yet (a copy to the device cannot be captured): then the caller walks pairs instead, which changes
     the order of the tiles, never a bit of their results."""
     key = (device.index, m_tiles, heads, Tk, causal, grid)
     table = _schedules.get(key, _captured.get(key))
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if not _cache.keepable(device):
         if table is not None:
             _captured[key] = table
         return table

@@ -85,6 +85,8 @@ from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 
+from .. import _cache
+
 DTYPES = {torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
           torch.int64: cutlass.Int64, torch.int32: cutlass.Int32}
 PLANS = 1024  # plans an op remembers (distinct dtype / shape / stride / alignment combinations)
@@ -271,13 +273,14 @@ def workspace(owner: tuple, like: torch.Tensor, numel: int) -> torch.Tensor:
     it only in the order of the stream it was made on (this one).
 
     What it does not cover is a CUDA graph: a captured launch may be replayed alongside another
-    graph or eager calls. So while the current stream is capturing -- or when ``like`` is not on
-    the current device, the one whose capture status torch reports -- the workspace is a fresh
-    tensor (from the graph's own memory pool during a capture), as a ``torch.empty`` would be. Nor
+    graph or eager calls. So while the current stream is capturing or a cudagraph tree warms up
+    (``_cache.keepable``) -- or when ``like`` is not on the current device, the one whose capture
+    status torch reports -- the workspace is a fresh tensor (from the graph's own memory pool), as a
+    ``torch.empty`` would be. Nor
     a stream destroyed with work pending whose handle a new stream gets (torch never destroys its
     own streams). Keep the tensor referenced until the launch has been made."""
     device = like.get_device()
-    if not like.is_cuda or device != _current_device() or torch.cuda.is_current_stream_capturing():
+    if not like.is_cuda or device != _current_device() or not _cache.keepable(like.device):
         return like.new_empty(numel, dtype=torch.float32)
     where = (owner, device, torch._C._cuda_getCurrentRawStream(device))
     buffer = _workspaces.get(where)

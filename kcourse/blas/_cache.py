@@ -1,0 +1,26 @@
+"""When a tensor made inside an op may be kept for later calls (the host-side caches of constant
+tables and scratch memory: ``_library._ones``, ``_rope.turns``, cute's ``workspace`` and attention
+schedules)."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def keepable(device: torch.device) -> bool:
+    """May a tensor allocated now on ``device`` outlive this call? Not while a CUDA graph is being
+    captured on the current stream (its memory belongs to the graph, and its values appear only when
+    the graph replays), nor while a cudagraph tree (``torch.compile(mode="reduce-overhead")``) warms
+    up: that run is eager, not captured, but allocates from the graph's memory pool, which must hold
+    no tensor the graph does not return ("tensors in the cudagraph pool not tracked as outputs")."""
+    if device.type != "cuda":
+        return True
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # loaded only where inductor is
+    if trees is None:
+        return True
+    manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
+                                create_if_none_exists=False)
+    return manager is None or not manager.in_warmup
