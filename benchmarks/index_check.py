@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -48,13 +49,16 @@ def triton_unchecked(op: str):
         module.CHECKED = shipped
 
 
+_UNCHECKED_CUTE: dict = {}  # the cute kernels compiled without their index check, kept across rounds
+
+
 @contextlib.contextmanager
-def cute_unchecked():
+def cute_unchecked(op: str):
     """The cute kernels compiled, within this block, without their index check (into a compile
     cache of their own; the shipped kernels come back after)."""
     from kcourse.blas.cute import _compile
     shipped, kernels = _compile.index_error, _compile._kernels
-    _compile.index_error, _compile._kernels = (lambda *args: None), {}
+    _compile.index_error, _compile._kernels = (lambda *args: None), _UNCHECKED_CUTE
     try:
         yield
     finally:
@@ -80,6 +84,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, default=8 * 1024)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--rounds", type=int, default=7, help="checked / unchecked timings alternated (in-kernel checks)")
     args = p.parse_args(argv)
     time_ms = timing.timer(args.device)
     N, V, D = args.tokens, args.vocab, args.dim
@@ -97,20 +102,28 @@ def main(argv=None) -> dict:
                 continue
             op_ms = time_ms(lambda: call(b))
             alone = check_alone(op, b, idx, V)
+            spread = None
             if alone is not None:
                 check_ms, how = time_ms(alone), "separate launch"
-            elif b == "triton":
-                with triton_unchecked(op):
-                    check_ms, how = op_ms - time_ms(lambda: call(b)), "in-kernel assert (debug on vs off)"
-            elif b == "cute":
-                with cute_unchecked():
-                    check_ms, how = op_ms - time_ms(lambda: call(b)), "in-kernel trap (compiled in vs out)"
+            elif b in ("triton", "cute"):
+                # in-kernel: the op with and without the check, alternated --rounds times (the difference
+                # of one pair is at the timer's noise for a short op); the median difference and its range
+                unchecked = triton_unchecked if b == "triton" else cute_unchecked
+                diffs = []
+                for _ in range(args.rounds):
+                    checked_ms = time_ms(lambda: call(b))
+                    with unchecked(op):
+                        diffs.append(checked_ms - time_ms(lambda: call(b)))
+                check_ms, spread = statistics.median(diffs), (min(diffs), max(diffs))
+                how = "in-kernel assert (debug on vs off)" if b == "triton" else "in-kernel trap (compiled in vs out)"
             else:
                 check_ms, how = None, "inside torch's kernel"
             row = {"op": op, "backend": b, "op_ms": op_ms, "how": how, "check_ms": check_ms,
-                   "fraction": None if check_ms is None else check_ms / op_ms}
+                   "fraction": None if check_ms is None else check_ms / op_ms, "check_ms_range": spread}
             rows.append(row)
             cost = "-" if check_ms is None else f"{check_ms:8.4f} ms {100 * check_ms / op_ms:5.1f}%"
+            if spread:
+                cost += f" (rounds {spread[0]:+.4f} .. {spread[1]:+.4f} ms)"
             print(f"{op:14s} {b:8s} op {op_ms:8.4f} ms   check {cost}   ({how})", flush=True)
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "tokens": N, "vocab": V, "dim": D, "dtype": "bfloat16"}
