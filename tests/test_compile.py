@@ -198,6 +198,19 @@ def test_compiled_invalid_arguments_raise_the_eager_error(name, case):
     assert str(compiled.value) == str(eager.value)
 
 
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_inplace_op_through_torch_ops_refuses_an_aliased_target(name):
+    """A compiled graph calls ``torch.ops.kcourse.<op>_`` on real tensors (its trace could not read
+    addresses): an aliased target is the eager ValueError there too, never a kernel racing itself."""
+    buf = torch.arange(8.0, device=DEVICE)
+    with pytest.raises(ValueError) as eager:
+        blas.copy_(buf[:-1], buf[1:], backend=name)
+    with pytest.raises(ValueError) as through_ops:
+        torch.ops.kcourse.copy_(buf[:-1], buf[1:], name)
+    assert str(through_ops.value) == str(eager.value)
+    assert torch.equal(buf, torch.arange(8.0, device=DEVICE))  # nothing written
+
+
 def test_kv_cache_decode_step_compiles_whole():
     """A decode step with the KV cache traces whole: its cache writes are in-place kcourse ops
     (``copy_`` into buffers made by the eager prefill), whose aliasing check reads addresses only

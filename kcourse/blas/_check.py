@@ -200,8 +200,8 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     beyond, possibly True for views that only interleave (never False for views that overlap).
     Tensors without addresses (meta tensors, and the fake tensors torch.compile traces with) are
     taken as disjoint: the eager call on real tensors makes the check. While torch.compile traces,
-    addresses are unknown and views are taken as disjoint too: a compiled in-place call is not
-    checked for aliasing (its graph's functionalization decides where the target is written)."""
+    addresses are unknown and views are taken as disjoint too; a compiled graph's in-place op checks
+    its real target when it runs (``_library._checking_aliases``)."""
     if torch.compiler.is_compiling() or a.numel() == 0 or b.numel() == 0 or a.device != b.device \
             or not (plain(a) and plain(b)):
         return False

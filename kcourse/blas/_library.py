@@ -101,7 +101,7 @@ FUNCTIONS: dict[str, type] = {}  # op name -> a torch.autograd.Function running 
 def _define(schema: str, impl: Callable, fake: Callable) -> str:
     name = schema[: schema.index("(")]
     LIB.define(schema)
-    LIB.impl(name, impl, "CompositeExplicitAutograd")
+    LIB.impl(name, _checking_aliases(name, impl), "CompositeExplicitAutograd")
 
     def traced(*args, **kwargs):  # the fake runs only while a graph is traced
         _inductor_fallbacks()
@@ -111,6 +111,26 @@ def _define(schema: str, impl: Callable, fake: Callable) -> str:
     _register_autocast(name)
     IMPLS[name] = impl
     return name
+
+
+def _checking_aliases(name: str, impl: Callable) -> Callable:
+    """``impl`` of an in-place op behind the check that its targets alias none of its other tensors,
+    for calls through ``torch.ops.kcourse`` (a compiled graph at run time). The public API checks
+    before calling eagerly, but a trace cannot read addresses (``_check.overlap``), and inductor may
+    hand the kernel its real, overlapping target: refused here, as eagerly, not raced."""
+    args = getattr(ops, name).default._schema.arguments
+    written = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    if not written:
+        return impl
+    names = [a.name for a in args]
+
+    def checked(*values):
+        for i in written:
+            others = {names[j]: v for j, v in enumerate(values) if j != i and isinstance(v, Tensor)}
+            _check.target(name, names[i], values[i], **others)
+        return impl(*values)
+
+    return checked
 
 
 _FALLBACKS = []  # [True] once every op has its inductor lowering
