@@ -55,18 +55,25 @@ def _module_ops() -> tuple[str, ...]:
 MODULE_OPS = _module_ops()
 
 
-def _ops_of(request) -> tuple[str, ...]:
-    """The ops a test needs: its file's op (tests/test_<op>.py), else its ``case``'s op (test_autograd),
-    else the ops the modules call (modules, training, compile)."""
-    op = request.module.__name__.removeprefix("test_")
+def _op_of(module: str, params: dict) -> str | None:
+    """A test's op: its file's (tests/test_<op>.py), else its ``case``'s (test_autograd's "gemm_bias" ->
+    gemm, test_add_norm's "add_rms_norm"), else None."""
+    op = module.removeprefix("test_")
     if op in OPS:
-        return (op,)
-    case = getattr(getattr(request.node, "callspec", None), "params", {}).get("case")
-    if isinstance(case, str):  # "gemm_bias" -> gemm
+        return op
+    case = params.get("case")
+    if isinstance(case, str):
         for op in OPS:
             if case == op or case.startswith(op + "_"):
-                return (op,)
-    return MODULE_OPS
+                return op
+    return None
+
+
+def _ops_of(request) -> tuple[str, ...]:
+    """The ops a test needs: its op (``_op_of``), else the ops the modules call (modules, training,
+    compile)."""
+    op = _op_of(request.module.__name__, getattr(getattr(request.node, "callspec", None), "params", {}))
+    return MODULE_OPS if op is None else (op,)
 
 
 @pytest.fixture
@@ -137,7 +144,7 @@ def pytest_runtest_makereport(item, call):
     params = getattr(getattr(item, "callspec", None), "params", {})
     backend = params.get("backend") or ("python" if item.originalname == "test_python_reference" else None)
     if backend is not None:
-        report.user_properties.append(("kcourse", (module[len("test_"):], backend)))
+        report.user_properties.append(("kcourse", (_op_of(module, params) or module[len("test_"):], backend)))
 
 
 def pytest_runtest_logreport(report):
