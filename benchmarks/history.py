@@ -8,7 +8,9 @@
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
-``benchmarks/results/history.jsonl`` holds one JSON object a line, one line per measured point:
+``benchmarks/results/history.jsonl`` holds one JSON object a line: for each run, first a run line
+``{"run": {"device", "date", "versions", "commit"}}`` (what it ran with, written once), then one line
+per measured point, which ``load`` returns with its run's versions and commit:
 
     op, backend, shape, dtype, direction   what was timed (``backend`` is torch's own op for a reference row)
     ms                                     median milliseconds of one call
@@ -238,10 +240,35 @@ def rows_from_file(path: Path) -> list[dict]:
 # ----------------------------------------------------------------------------- the history file
 
 
+RUN_FIELDS = ("versions", "commit")  # a run's, kept once on its run line, not on each of its points
+
+
 def load(path: Path = HISTORY) -> list[dict]:
+    """Every measured point, each with its run's versions and commit."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, runs = [], {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if "run" in row:
+                runs[(row["run"]["device"], row["run"]["date"])] = row["run"]
+            else:
+                run = runs.get((row["device"], row["date"]), {})
+                rows.append({**row, **{k: run[k] for k in RUN_FIELDS if k in run}})
+    return rows
+
+
+def write(rows: list[dict], f) -> None:
+    """``rows`` (sorted by date) as history lines: each run's line before its first point."""
+    written = set()
+    for row in rows:
+        run = (row["device"], row["date"])
+        if run not in written:
+            written.add(run)
+            header = {"device": row["device"], "date": row["date"], **{k: row[k] for k in RUN_FIELDS if k in row}}
+            f.write(json.dumps({"run": header}, separators=(",", ":")) + "\n")
+        f.write(json.dumps({k: v for k, v in row.items() if k not in RUN_FIELDS}, separators=(",", ":")) + "\n")
 
 
 def add(paths: list[Path], history: Path = HISTORY) -> int:
@@ -256,8 +283,7 @@ def add(paths: list[Path], history: Path = HISTORY) -> int:
         seen |= {(r["device"], r["date"], r["op"]) for r in rows}
     history.parent.mkdir(parents=True, exist_ok=True)
     with history.open("a") as f:
-        for row in sorted(new, key=lambda r: r["date"]):
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        write(sorted(new, key=lambda r: r["date"]), f)
     return len(new)
 
 
