@@ -43,23 +43,27 @@ def usable_backends(names: list[str], cuda: bool) -> tuple[list[str], dict[str, 
     return usable, skipped
 
 
+def git(*args: str) -> str | None:
+    """The output of ``git *args`` in the repository, or None where git or the repository is missing."""
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def environment(device: str) -> dict:
     """Where, when and with what a run ran: the device's name, the UTC date, the versions of torch,
     triton (and transformers where installed), CUDA and Python, and the git commit (``git_dirty``:
-    tracked files changed since)."""
+    files of kcourse/ changed since)."""
     versions = {}
     for module in ("triton", "transformers"):
         try:
             versions[module] = __import__(module).__version__
         except ImportError:
             versions[module] = None
-    try:
-        git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-        commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
-    except OSError:
-        commit, dirty = None, None
+    commit, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", "kcourse")
     cuda = torch.device(device).type == "cuda"
     return {"device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
             "torch": torch.__version__, **versions, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "git_commit": commit, "git_dirty": dirty}
+            "git_commit": commit, "git_dirty": None if changes is None else bool(changes)}

@@ -80,7 +80,6 @@ import importlib
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -92,6 +91,7 @@ import torch.nn.functional as F
 
 import kcourse
 from benchmarks import timing
+from benchmarks.common import git
 from benchmarks.summarize import plot_all, shape_text, summary_markdown
 from kcourse import blas
 
@@ -699,14 +699,6 @@ def report(p: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- metadata and main
-
-
-def git(*cmd: str) -> str | None:
-    try:
-        return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def run_notes(args) -> list[str]:

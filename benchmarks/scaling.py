@@ -137,8 +137,8 @@ def command(model: str, dist: str | None, n: int, args, c, run_dir: Path) -> lis
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End a run still going: SIGTERM (torchrun passes it to its workers, each in its own session,
-    and waits for them), then SIGKILL after a minute."""
+    """End a run still going: SIGTERM (torchrun passes it to its workers, each started in a process
+    group of its own, and waits for them), then SIGKILL after a minute."""
     if proc.poll() is None:
         proc.terminate()
         try:
