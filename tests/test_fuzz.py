@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kcourse import blas
+from kcourse.blas import _host
 from _util import DEVICE, TOL, require_backend
 
 hypothesis = pytest.importorskip("hypothesis", reason="the fuzz suite needs hypothesis (pip install hypothesis)")
@@ -365,6 +366,28 @@ def test_cross_entropy(name, data):
     else:  # the rule for non-finite logits: logsumexp(x) - x[target] (F.cross_entropy gives NaN for a +inf)
         ref = lambda x: _cross_entropy_by_formula(x, target.long(), ignore_index, reduction)
     check(name, f, ref, [logits], k=N if reduction == "sum" else 1)
+
+
+@fuzz
+def test_linear_cross_entropy(name, data):
+    """Against F.linear (rounded to the dtype) then the loss in float64; the rows in chunks of a drawn size."""
+    dt = dtype(data, name)
+    N, K, V = size(data, name), size(data, name), max(size(data, name), 1)
+    reduction = data.draw(st.sampled_from(["mean", "sum", "none"]))
+    x, weight = tensor(data, [N, K], dt, nonfinite=True), tensor(data, [V, K], dt)
+    bias = tensor(data, [V], dt) if data.draw(st.booleans()) else None
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    target = torch.randint(0, V, (N,), generator=gen)
+    target[torch.rand(N, generator=gen) < 0.3] = -100
+    target = target.to(DEVICE)
+    f = lambda x, w, b, backend: blas.linear_cross_entropy(x, w, target, b, reduction=reduction, backend=backend)
+    # the logits rounded to the dtype, as the op (and a Linear layer) writes them
+    ref = lambda x, w, b: _cross_entropy_by_formula(F.linear(x, w, b).to(dt).double(), target, -100, reduction)
+    chunk, _host.CHUNK_LOGITS = _host.CHUNK_LOGITS, V * data.draw(st.integers(1, max(N, 1)))
+    try:  # the loss sums K products per logit and V logits per row (N rows for a sum); dweight N rows
+        check(name, f, ref, [x, weight, bias], k=(K + V) * (N if reduction == "sum" else 1), grad_k=max(N, V) + K)
+    finally:
+        _host.CHUNK_LOGITS = chunk
 
 
 def _cross_entropy_by_formula(x, target, ignore_index, reduction):

@@ -75,6 +75,8 @@ def _forward_args(op, backend, grad=True):
         "softmax": [(t(3, 5), 1)],
         "log_softmax": [(t(2, 3, 5), 1)],
         "cross_entropy": [(t(4, 7), target, -100, "mean"), (t(4, 7), target, -100, "none")],
+        "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad),  # the gradients ahead
+                                 (t(4, 5), t(7, 5), target, None, -100, "none", False)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
         "rms_norm": [(t(3, 8), t(8), 1e-6)],
         "add_layer_norm": [(t(3, 8), t(3, 8), t(8), t(8), 1e-5), (t(3, 8), t(3, 8), None, None, 1e-5)],
@@ -317,6 +319,8 @@ def _primitive_call(op):
         "softmax": ((t(3, 5),), lambda b, x: blas.softmax(x, backend=b)),
         "log_softmax": ((t(3, 5),), lambda b, x: blas.log_softmax(x, backend=b)),
         "cross_entropy": ((t(3, 7),), lambda b, x: blas.cross_entropy(x, target, reduction="none", backend=b)),
+        "linear_cross_entropy": ((t(3, 4), t(7, 4), t(7)), lambda b, x, w, bi: blas.linear_cross_entropy(
+            x, w, target, bi, reduction="none", backend=b)),
         "layer_norm": ((t(3, 8), t(8), t(8)), lambda b, x, w, bi: blas.layer_norm(x, w, bi, backend=b)),
         "rms_norm": ((t(3, 8), t(8)), lambda b, x, w: blas.rms_norm(x, w, backend=b)),
         "add_layer_norm": ((t(3, 8), t(3, 8), t(8), t(8)),  # y and h stacked: one output

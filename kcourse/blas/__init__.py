@@ -17,12 +17,13 @@ import torch
 
 from ..backend import backend_for
 from . import _check
-from ._library import autocast_inputs, call
+from ._library import _autocasting, autocast_inputs, call
 
 __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_", "dot",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
            "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
-           "swiglu", "embedding", "rope", "attention", "add_layer_norm", "add_rms_norm"]
+           "swiglu", "embedding", "rope", "attention", "add_layer_norm", "add_rms_norm",
+           "linear_cross_entropy"]
 
 
 _VALID: dict = {}  # (check, the arguments' signature) -> what the check returned
@@ -265,6 +266,21 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, backend=None):
     x, residual, weight = autocast_inputs("add_rms_norm", x, residual, weight)
     p = _validated(_check.check_add_rms_norm, name, x, residual, weight, eps)
     return tuple(call("add_rms_norm", x, residual, weight, p["eps"], name)[:2])
+
+
+def linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean", backend=None):
+    """``cross_entropy(x @ weight.T + bias, target)`` for x ``(N, K)``, weight ``(V, K)`` (torch.nn.Linear's
+    layout), target ``(N,)``: an LM head and its loss without the ``(N, V)`` logits, a chunk of rows at
+    a time; when a gradient is wanted (and reduction is "mean" or "sum") the forward computes it in the
+    same pass. Under autocast the product runs in the autocast dtype and the loss is float32, as
+    ``F.cross_entropy(F.linear(x, weight, bias), target)`` gives there."""
+    name = backend_for("linear_cross_entropy", backend)
+    autocast = _autocasting((x,)) is not None and x.dtype != torch.float64  # then the loss is float32
+    cast = autocast_inputs("linear_cross_entropy", x, weight, bias)
+    p = _check.check_linear_cross_entropy(name, *cast[:2], target, cast[2], ignore_index, reduction)
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in cast)
+    loss = call("linear_cross_entropy", *cast[:2], target, cast[2], p["ignore_index"], p["reduction"], grads, name)[0]
+    return loss.float() if autocast else loss
 
 
 def gelu(x, approximate="none", backend=None):

@@ -411,26 +411,53 @@ def check_softmax(backend, x, dim, *, op="softmax"):
     return {"dim": _dim(op, x, dim)}
 
 
-def check_cross_entropy(backend, logits, target, ignore_index, reduction):
-    op = "cross_entropy"
-    tensor(op, "logits", logits, (2,))
+def _targets(op: str, target, name: str, x: torch.Tensor, ignore_index, reduction) -> None:
+    """``target``: class indices, one per row of the 2-D ``x`` (called ``name``), on x's device; a
+    known reduction; an int ignore_index."""
     if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
         got = target.dtype if isinstance(target, torch.Tensor) else type(target).__name__
         raise TypeError(f"{op}: target must be an int64 or int32 tensor of class indices, got {got}")
-    if target.shape != logits.shape[:1]:
-        raise ValueError(f"{op}: logits is {shape(logits)} and target is {shape(target)}; "
-                         f"target must be ({logits.shape[0]},), one class index per row")
-    if target.device != logits.device:
-        raise ValueError(f"{op}: logits is on {logits.device} but target is on {target.device}")
-    if logits.shape[1] == 0:
-        raise ValueError(f"{op}: logits is {shape(logits)}; it needs at least one class (V >= 1)")
+    if target.shape != x.shape[:1]:
+        raise ValueError(f"{op}: {name} is {shape(x)} and target is {shape(target)}; target must be "
+                         f"({x.shape[0]},), one class index per row")
+    if target.device != x.device:
+        raise ValueError(f"{op}: {name} is on {x.device} but target is on {target.device}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def check_cross_entropy(backend, logits, target, ignore_index, reduction):
+    op = "cross_entropy"
+    tensor(op, "logits", logits, (2,))
+    _targets(op, target, "logits", logits, ignore_index, reduction)
+    if logits.shape[1] == 0:
+        raise ValueError(f"{op}: logits is {shape(logits)}; it needs at least one class (V >= 1)")
     same_kind(op, backend, logits=logits)
     N, V = logits.shape
     index_range(op, "target", target, V, f"logits {shape(logits)} of {V} classes", ignore_index)
+    return {"ignore_index": ignore_index, "reduction": reduction}
+
+
+def check_linear_cross_entropy(backend, x, weight, target, bias, ignore_index, reduction):
+    op = "linear_cross_entropy"
+    tensor(op, "x", x, (2,))
+    tensor(op, "weight", weight, (2,))
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(f"{op}: x is {shape(x)} and weight is {shape(weight)}; weight must be (V, {x.shape[1]}), "
+                         "one row of x's width per class (torch.nn.Linear's layout)")
+    if weight.shape[0] == 0:
+        raise ValueError(f"{op}: weight is {shape(weight)}; it needs at least one class (V >= 1)")
+    if bias is not None:
+        tensor(op, "bias", bias, (1,))
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"{op}: weight is {shape(weight)} and bias is {shape(bias)}; bias must be "
+                             f"({weight.shape[0]},), one per class")
+    _targets(op, target, "x", x, ignore_index, reduction)
+    same_kind(op, backend, x=x, weight=weight, bias=bias)
+    V = weight.shape[0]
+    index_range(op, "target", target, V, f"weight {shape(weight)} of {V} classes", ignore_index)
     return {"ignore_index": ignore_index, "reduction": reduction}
 
 

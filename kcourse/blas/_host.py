@@ -18,6 +18,8 @@ the same launch helpers with the same signatures:
   gradient of h computed once for x and residual.
 - ``rope_ops``: the backward is the rotation by ``-theta``.
 - ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
+- ``linear_cross_entropy_ops``: the LM head and its loss a chunk of rows at a time, over a backend's
+  gemm, gemv and cross_entropy kernels (every backend's, the python reference's included).
 """
 from __future__ import annotations
 
@@ -234,3 +236,131 @@ def embedding_ops(*, gather, scatter_add):
         return None, acc.to(weight.dtype)
 
     return embedding, embedding_backward
+
+
+# ----------------------------------------------------------------------------- linear_cross_entropy
+
+CHUNK_LOGITS = 1 << 26  # logits per chunk of rows (128 MiB in bfloat16): the (N, V) logits are never whole
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True):
+    """``(linear_cross_entropy, linear_cross_entropy_backward)`` of a backend from its own kernels
+    (``gemm``, ``gemv``, ``cross_entropy`` and its backward, as ``kcourse.blas.<backend>`` exports them):
+    ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), a chunk of rows at a
+    time, each chunk's (rows, V) logits in one reused buffer and about ``CHUNK_LOGITS`` of them
+    (``chunked=False``: all N rows at once).
+
+    With ``grads`` (some input wants a gradient) and a "mean" or "sum", the forward also computes the
+    gradients, in the same pass over the chunk: dlogits = softmax - onehot (the sum's backward for
+    dout = 1), dx = dlogits W for the chunk's rows, dW += dlogits^T x, dbias += dlogits^T 1. Its
+    cache holds them and n_valid; the backward only scales them by dout / n_valid (mean) or dout
+    (sum), in float32. Otherwise the cache holds each row's lse and the backward sweeps the chunks
+    again, recomputing the logits ("none": dlogits scaled by each row's dout).
+
+    dW and dbias add up in float32 (float64 for float64): each chunk's product, rounded once to the
+    weight's dtype by the gemm, is added to them, so the sum over chunks is not rounded again."""
+
+    def accumulate(dlogits, x, weight, dx, sums, partials, ones):
+        """dx <- dlogits weight; the float32 sums (dW, dbias) += (dlogits^T x, dlogits^T 1), through
+        the weight-dtype ``partials`` (None: the sums are in the weight's dtype, added in place)."""
+        if dx is not None and dx.numel():
+            gemm(dlogits, weight, None, 1.0, 0.0, dx)  # (n, V) @ (V, K)
+        dweight, dbias = sums
+        if dweight is not None and dweight.numel():
+            if partials is None:
+                gemm(dlogits.mT, x, dweight, 1.0, 1.0, dweight)  # (V, n) @ (n, K), added in place
+            else:
+                dweight += gemm(dlogits.mT, x, None, 1.0, 0.0, partials[0])
+        if dbias is not None:
+            if partials is None:
+                gemv(dlogits.mT, ones[: x.shape[0]], dbias, 1.0, 1.0, dbias)  # (V, n) @ (n,)
+            else:
+                dbias += gemv(dlogits.mT, ones[: x.shape[0]], None, 1.0, 0.0, partials[1])
+
+    def sweep(x, weight, target, bias, ignore_index, lse, *, losses=None, grads=None, dout=None):
+        """One pass over the rows, a chunk at a time: the chunk's logits (n, V), then
+          - with ``losses`` (N,): the cross_entropy forward, each row's loss into ``losses`` and its
+            lse into ``lse`` (None: not kept); without, the chunk's rows of ``lse`` are read;
+          - with ``grads = (dx, dweight, dbias)`` (from ``new_grads``; None where not wanted):
+            dlogits from the cross_entropy backward, for the rows' own ``dout`` ("none"), or unscaled
+            (``dout`` None: a sum's, for dout = 1), and from them the gradients (``accumulate``)."""
+        N, K = x.shape
+        V = weight.shape[0]
+        step = max(1, min(N, CHUNK_LOGITS // V) if chunked else N)
+        buffer = x.new_empty(min(step, N), V)  # one chunk's logits
+        one = x.new_ones(())
+        if grads is not None:
+            dx, *sums = grads
+            partials = None if sums[0] is None or sums[0].dtype == weight.dtype else (
+                torch.empty_like(weight), None if sums[1] is None else torch.empty_like(bias))
+            ones = x.new_ones(step) if sums[1] is not None else None
+        for start in range(0, N, step):
+            rows = slice(start, min(start + step, N))
+            x_rows, t = x[rows], target[rows]
+            logits = buffer[: rows.stop - start]
+            if K:
+                gemm(x_rows, weight.mT, None if bias is None else bias.expand(logits.shape), 1.0,
+                     0.0 if bias is None else 1.0, logits)  # (n, K) @ (K, V) + bias
+            else:  # no features: the logits are the bias
+                logits.copy_(bias.expand(logits.shape)) if bias is not None else logits.zero_()
+            if losses is not None:
+                loss, (_, _, lse_rows) = cross_entropy(logits, t, ignore_index, "none")
+                losses[rows] = loss
+                if lse is not None:
+                    lse[rows] = lse_rows
+            else:
+                lse_rows = lse[rows]
+            if grads is not None:
+                d, how = (one, "sum") if dout is None else (dout[rows], "none")
+                dlogits, _ = cross_entropy_backward(d, (logits, t, lse_rows), (True, False), ignore_index, how)
+                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, partials, ones)
+
+    def new_grads(x, weight, bias, wanted):
+        """(dx, dweight, dbias) for ``sweep``: dx empty (each row written once), the sums float32 zeros."""
+        return (x.new_empty(x.shape) if wanted[0] else None,
+                weight.new_zeros(weight.shape, dtype=_acc_dtype(weight)) if wanted[1] else None,
+                bias.new_zeros(bias.shape, dtype=_acc_dtype(bias)) if wanted[2] and bias is not None else None)
+
+    def linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, grads):
+        """``(loss, (x, weight, target, bias, *extras))``: extras ``(dx, dweight, [dbias,] n_valid)`` when
+        the gradients are computed here (dweight, dbias float32), else ``(lse,)``."""
+        ahead = grads and reduction != "none"  # the gradients in this pass
+        acc = _acc_dtype(x)
+        losses = x.new_empty(x.shape[0])  # (N,) each row's loss, 0 on ignored rows
+        lse = None if ahead else torch.empty(x.shape[0], dtype=acc, device=x.device)
+        g = new_grads(x, weight, bias, (True, True, True)) if ahead else None
+        sweep(x, weight, target, bias, ignore_index, lse, losses=losses, grads=g)
+        n_valid = (target != ignore_index).sum(dtype=acc)  # on the device: no host sync
+        if reduction == "none":
+            loss = losses
+        else:  # the rows' losses added in float32, divided by n_valid (0/0 = NaN when all are ignored)
+            total = losses.sum(dtype=acc)
+            loss = (total / n_valid if reduction == "mean" else total).to(x.dtype)
+        extras = [g[0], g[1], *([g[2]] if bias is not None else []), n_valid] if ahead else [lse]
+        return loss, (x, weight, target, bias, *extras)
+
+    def linear_cross_entropy_backward(dout, cache, needs, ignore_index, reduction, grads):
+        """``(dx, dweight, None, dbias)`` (None where not in ``needs``)."""
+        x, weight, target, bias, *extras = cache
+        wanted = (needs[0], needs[1], needs[3] and bias is not None)
+        if grads and reduction != "none":  # computed by the forward for dout = 1
+            computed, n_valid = [extras[0], extras[1], extras[2] if bias is not None else None], extras[-1]
+        else:
+            computed = new_grads(x, weight, bias, wanted)
+            sweep(x, weight, target, bias, ignore_index, extras[0], grads=computed,
+                  dout=dout if reduction == "none" else None)
+            n_valid = (target != ignore_index).sum(dtype=_acc_dtype(x))
+        scale = None
+        if reduction != "none":  # dout (sum) or dout / n_valid (mean), in float32
+            scale = dout.to(_acc_dtype(x))  # n_valid = 0: every dlogits row is 0, so is the gradient
+            scale = scale / n_valid.clamp(min=1) if reduction == "mean" else scale
+        dx, dweight, dbias = (None if not want else g if scale is None else g.to(scale.dtype) * scale
+                              for g, want in zip(computed, wanted))
+        return (None if dx is None else dx.to(x.dtype), None if dweight is None else dweight.to(weight.dtype), None,
+                None if dbias is None else dbias.to(bias.dtype))
+
+    return linear_cross_entropy, linear_cross_entropy_backward

@@ -55,8 +55,9 @@ _PROMOTE = {"axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "
 AUTOCAST = {
     "cuda": {"gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower", "softmax": "fp32",
              "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
-             "add_layer_norm": "fp32", "add_rms_norm": "fp32", **_PROMOTE},
-    "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", **_PROMOTE},  # torch's CPU lists
+             "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear_cross_entropy": "lower", **_PROMOTE},
+    "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", "linear_cross_entropy": "lower",
+            **_PROMOTE},  # torch's CPU lists
 }
 
 
@@ -658,6 +659,21 @@ def _attention_lse(q, k, v, causal, scale):
     return [q.new_empty(q.shape[:3], dtype=_acc_dtype(q))]
 
 
+def _head_loss(x, weight, target, bias, ignore_index, reduction, grads):
+    return x.new_empty(x.shape[:1] if reduction == "none" else ())
+
+
+def _head_extras(x, weight, target, bias, ignore_index, reduction, grads):
+    """linear_cross_entropy's cache beyond its inputs (``_host.linear_cross_entropy_ops``): the
+    gradients for dout = 1 (dweight and dbias float32) and n_valid when the forward computes them,
+    else each row's lse."""
+    if grads and reduction != "none":
+        return [x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=_acc_dtype(weight)),
+                *([bias.new_empty(bias.shape, dtype=_acc_dtype(bias))] if bias is not None else []),
+                x.new_empty((), dtype=_acc_dtype(x))]
+    return [x.new_empty(x.shape[:1], dtype=_acc_dtype(x))]
+
+
 def _dense_pair(x, *rest, **params):
     """Two contiguous outputs of ``x``'s shape (the fused add + norms' y and h)."""
     return x.new_empty(x.shape), x.new_empty(x.shape)
@@ -687,6 +703,12 @@ PRIMITIVES: dict[str, Primitive] = {
                               lambda b, x, r, w, p: _check.check_add_rms_norm(b, x, r, w, **p),
                               _dense_pair, saved=("h", "weight"), extras=_row_stats(1),
                               grads=("dout", "dout", "row"), outs=("y", "h"), tied=((1, 0),)),
+    "linear_cross_entropy": Primitive("Tensor x, Tensor weight, Tensor target, Tensor? bias",
+                                      "int ignore_index, str reduction, bool grads",
+                                      lambda b, x, w, t, bi, p: _check.check_linear_cross_entropy(
+                                          b, x, w, t, bi, p["ignore_index"], p["reduction"]),
+                                      _head_loss, saved=("x", "weight", "target", "bias"), extras=_head_extras,
+                                      grads=("x", "weight", None, "bias")),
     "gelu": Primitive("Tensor x", "str approximate",
                       lambda b, x, p: _check.check_activation(b, "gelu", x, **p), _like, saved=("x",)),
     "silu": Primitive("Tensor x", "", lambda b, x, p: _check.check_activation(b, "silu", x), _like, saved=("x",)),

@@ -1,0 +1,12 @@
+"""linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
+backend's CuTe kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py``
+(``_gemm_sm90`` on Hopper; dweight accumulated in place, beta = 1), the loss, lse and dlogits by
+``cross_entropy.py``, dbias by ``gemv.py``.
+"""
+from .. import _host
+from .cross_entropy import cross_entropy, cross_entropy_backward
+from .gemm import gemm
+from .gemv import gemv
+
+linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)

@@ -1,0 +1,12 @@
+"""linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
+backend's kernels, a chunk of rows at a time: the logits by ``torch.addmm`` (cuBLAS), the loss and
+dlogits by ATen's log_softmax and softmax (``cross_entropy.py``), dbias by ``torch.addmv``. Peak
+memory: two (rows, V) chunks (the logits and dlogits) instead of the whole (N, V) twice.
+"""
+from .. import _host
+from .cross_entropy import cross_entropy, cross_entropy_backward
+from .gemm import gemm
+from .gemv import gemv
+
+linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)

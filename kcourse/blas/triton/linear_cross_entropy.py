@@ -1,0 +1,13 @@
+"""linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
+backend's kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py`` (TMA and
+wgmma on Hopper; dweight accumulated in place, beta = 1), the loss, lse and dlogits by
+``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward),
+dbias by ``gemv.py``.
+"""
+from .. import _host
+from .cross_entropy import cross_entropy, cross_entropy_backward
+from .gemm import gemm
+from .gemv import gemv
+
+linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)
