@@ -151,10 +151,10 @@ def test_dynamic_shapes_recompile_once_per_shape_class(arch):
         for (B, T), most in shapes.items():
             x = torch.randint(0, 40, (B, T), generator=gen).to(DEVICE)
             y = torch.randint(0, 40, (B, T), generator=gen).to(DEVICE)
-            logits_c, loss_c = compiled(x, y)
+            logits_c, loss_c = compiled(x, y)  # the fused head and loss: no logits
             assert counting.graphs <= most, ((B, T), counting.graphs)
             logits, loss = model(x, y)
-            assert_rel(logits_c, logits)
+            assert logits_c is None and logits is None
             assert_rel(loss_c, loss)
 
 

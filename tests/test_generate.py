@@ -102,7 +102,7 @@ def test_padded_forward_logits_and_loss():
         losses, count = 0.0, 0
         for b in range(3):
             valid = m[b].bool()
-            alone, alone_loss = gpt(idx[b:b + 1, valid], idx[b:b + 1, valid])
+            alone, alone_loss = gpt(idx[b:b + 1, valid], idx[b:b + 1, valid], return_logits=True)
             torch.testing.assert_close(logits[b, valid], alone[0], rtol=1e-5, atol=1e-5)
             assert not logits[b, ~valid].any()
             losses, count = losses + alone_loss * valid.sum(), count + valid.sum()

@@ -106,8 +106,24 @@ def test_gpt_matches_python_backend_and_torch_nn(backend, arch, dtype):
     compare(ours, theirs, inputs, dtype)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_gpt_fused_and_unfused_loss_agree(backend, arch):
+    """``fused_loss`` (the head and the loss as linear_cross_entropy, no logits) against the head then
+    cross_entropy on the same weights: the same loss and gradients; ``return_logits=True`` gives both."""
+    torch.manual_seed(0)
+    fused = GPT(GPTConfig(**(GPT2 if arch == "gpt2" else LLAMA)), backend=backend).to(DEVICE)
+    unfused = copy.deepcopy(fused)
+    unfused.config = GPTConfig(**{**vars(fused.config), "fused_loss": False})
+    inputs = gpt_inputs(fused.config)
+    assert fused(*inputs)[0] is None and unfused(*inputs)[0] is not None
+    compare(fused, unfused, inputs, torch.float32)
+    logits, loss = fused(*inputs, return_logits=True)
+    assert logits.shape == (*inputs[0].shape, fused.config.vocab_size)
+    close(loss, unfused(*inputs)[1], torch.float32)
+
+
 def test_gpt_python_backend_matches_torch_nn():
-    for arch in (GPT2, LLAMA):
+    for arch in (GPT2, LLAMA, {**LLAMA, "fused_loss": False}):
         config = GPTConfig(**arch)
         ours = GPT(config, backend="python").to(DEVICE)
         theirs = ref.GPT(config).to(DEVICE)

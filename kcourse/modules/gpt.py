@@ -34,6 +34,7 @@ class GPTConfig:
     head_dim: int | None = None  # None: n_embd // n_head
     attn_bias: bool | None = None  # biases of c_attn and c_proj; None: bias
     mlp_bias: bool | None = None  # biases of the feed-forward's projections; None: bias
+    fused_loss: bool = True  # with targets: the LM head and the loss as one op (blas.linear_cross_entropy)
 
 
 class GPT(Module):
@@ -69,18 +70,32 @@ class GPT(Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None):
+                attention_mask: torch.Tensor | None = None, return_logits: bool | None = None):
         """``idx (B, T)`` token ids -> ``(logits (B, T, V), loss)``; loss is the mean cross-entropy
         against ``targets (B, T)`` (entries -100 ignored), or None without targets.
+
+        With targets and ``config.fused_loss`` the LM head and the loss run as one op
+        (``blas.linear_cross_entropy``: the (B*T, V) logits are never made whole) and logits is None,
+        unless ``return_logits=True`` asks for them (then the head, then cross_entropy).
 
         ``attention_mask (B, T)``: 1 for a token, 0 for padding, each row's tokens one contiguous run
         (left or right padding). Each row's tokens are computed as if alone, at positions 0, 1, ...
         (transformers' ``position_ids = cumsum(mask) - 1``); padding gets logits 0 and no loss."""
-        if attention_mask is None:
-            logits = self.lm_head(self.hidden_states(idx))  # (B, T, V)
-        else:
+        if return_logits is None:
+            return_logits = targets is None or not self.config.fused_loss or attention_mask is not None
+        if attention_mask is not None:
+            if not return_logits:
+                raise ValueError("GPT: a padded batch (attention_mask) returns its logits; pass return_logits=True "
+                                 "or leave it None")
             logits = self._padded_logits(idx, attention_mask)
             targets = None if targets is None else targets.masked_fill(attention_mask == 0, -100)
+        elif return_logits:
+            logits = self.lm_head(self.hidden_states(idx))  # (B, T, V)
+        else:  # the fused head and loss: no logits
+            B, T = idx.shape
+            x = self.hidden_states(idx).reshape(B * T, -1)  # (B*T, C)
+            return None, blas.linear_cross_entropy(x, self.lm_head.weight, targets.reshape(B * T),
+                                                   backend=self.backend)
         loss = None
         if targets is not None:
             B, T = idx.shape
