@@ -191,6 +191,27 @@ def rows_from_host(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_fused(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/fused.py`` fused.json: a forward and backward of the LM head and its
+    loss, each fused variant against its backend's unfused composition (ratio: their time over ours)."""
+    meta = results["meta"]
+    rows = []
+    for r in results["fused"]:
+        if "ms" not in r:
+            continue
+        backend, _, mode = r["variant"].partition(":")
+        rows.append(_clean(dict(
+            op="linear_cross_entropy", backend=backend, shape=f"N{r['N']} d{r['d']} V{r['V']}", dtype=meta["dtype"],
+            direction="fwd+bwd", mode=mode, ms=_round(r["ms"]),
+            peak_gib=_round(r["peak_bytes"] / 2**30) if r.get("peak_bytes") is not None else None,
+            baseline=f"{backend}:unfused" if "ratio_time" in r else None,
+            ratio=_round(1 / r["ratio_time"]) if r.get("ratio_time") else None,
+            memory_ratio=r.get("ratio_memory"), device=meta["device"], date=meta["date_utc"],
+            versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)},
+            commit=_commit(meta))))
+    return rows
+
+
 def rows_from_decode(results: dict) -> list[dict]:
     """The rows of a ``benchmarks/decode.py`` decode.json: decode tokens/s of each model and mode (ms:
     one decode step), kcourse's against its transformers baseline; only runs whose tokens matched."""
@@ -226,6 +247,8 @@ def rows_from_file(path: Path) -> list[dict]:
         return rows_from_bench(results)
     if "decode" in results:
         return rows_from_decode(results)
+    if "fused" in results:
+        return rows_from_fused(results)
     if "variants" in results:
         return rows_from_variants(results)
     if "runs" in results:

@@ -75,8 +75,8 @@ def _forward_args(op, backend, grad=True):
         "softmax": [(t(3, 5), 1)],
         "log_softmax": [(t(2, 3, 5), 1)],
         "cross_entropy": [(t(4, 7), target, -100, "mean"), (t(4, 7), target, -100, "none")],
-        "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad),  # the gradients ahead
-                                 (t(4, 5), t(7, 5), target, None, -100, "none", False)],
+        "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad, False),  # gradients ahead
+                                 (t(4, 5), t(7, 5), target, None, -100, "none", False, True)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
         "rms_norm": [(t(3, 8), t(8), 1e-6)],
         "add_layer_norm": [(t(3, 8), t(3, 8), t(8), t(8), 1e-5), (t(3, 8), t(3, 8), None, None, 1e-5)],

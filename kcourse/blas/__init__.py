@@ -275,12 +275,12 @@ def linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduct
     same pass. Under autocast the product runs in the autocast dtype and the loss is float32, as
     ``F.cross_entropy(F.linear(x, weight, bias), target)`` gives there."""
     name = backend_for("linear_cross_entropy", backend)
-    autocast = _autocasting((x,)) is not None and x.dtype != torch.float64  # then the loss is float32
+    autocast = _autocasting((x,)) is not None  # then the loss is float32 (float64 stays)
     cast = autocast_inputs("linear_cross_entropy", x, weight, bias)
     p = _check.check_linear_cross_entropy(name, *cast[:2], target, cast[2], ignore_index, reduction)
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in cast)
-    loss = call("linear_cross_entropy", *cast[:2], target, cast[2], p["ignore_index"], p["reduction"], grads, name)[0]
-    return loss.float() if autocast else loss
+    return call("linear_cross_entropy", *cast[:2], target, cast[2], p["ignore_index"], p["reduction"], grads,
+                autocast, name)[0]
 
 
 def gelu(x, approximate="none", backend=None):

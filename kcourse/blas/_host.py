@@ -325,9 +325,11 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
                 weight.new_zeros(weight.shape, dtype=_acc_dtype(weight)) if wanted[1] else None,
                 bias.new_zeros(bias.shape, dtype=_acc_dtype(bias)) if wanted[2] and bias is not None else None)
 
-    def linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, grads):
+    def linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
         """``(loss, (x, weight, target, bias, *extras))``: extras ``(dx, dweight, [dbias,] n_valid)`` when
-        the gradients are computed here (dweight, dbias float32), else ``(lse,)``."""
+        the gradients are computed here (dweight, dbias float32), else ``(lse,)``. The loss has x's
+        dtype, or float32 with ``float32_loss`` (under autocast: a mean or sum is then never rounded
+        to x's dtype; the rows of "none" are, by the cross_entropy kernel)."""
         ahead = grads and reduction != "none"  # the gradients in this pass
         acc = _acc_dtype(x)
         losses = x.new_empty(x.shape[0])  # (N,) each row's loss, 0 on ignored rows
@@ -339,11 +341,12 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
             loss = losses
         else:  # the rows' losses added in float32, divided by n_valid (0/0 = NaN when all are ignored)
             total = losses.sum(dtype=acc)
-            loss = (total / n_valid if reduction == "mean" else total).to(x.dtype)
+            loss = total / n_valid if reduction == "mean" else total
+        loss = loss.to(torch.float32 if float32_loss and x.dtype != torch.float64 else x.dtype)
         extras = [g[0], g[1], *([g[2]] if bias is not None else []), n_valid] if ahead else [lse]
         return loss, (x, weight, target, bias, *extras)
 
-    def linear_cross_entropy_backward(dout, cache, needs, ignore_index, reduction, grads):
+    def linear_cross_entropy_backward(dout, cache, needs, ignore_index, reduction, grads, float32_loss):
         """``(dx, dweight, None, dbias)`` (None where not in ``needs``)."""
         x, weight, target, bias, *extras = cache
         wanted = (needs[0], needs[1], needs[3] and bias is not None)
@@ -352,7 +355,7 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
         else:
             computed = new_grads(x, weight, bias, wanted)
             sweep(x, weight, target, bias, ignore_index, extras[0], grads=computed,
-                  dout=dout if reduction == "none" else None)
+                  dout=None if reduction != "none" else dout.to(x.dtype))
             n_valid = (target != ignore_index).sum(dtype=_acc_dtype(x))
         scale = None
         if reduction != "none":  # dout (sum) or dout / n_valid (mean), in float32

@@ -659,11 +659,12 @@ def _attention_lse(q, k, v, causal, scale):
     return [q.new_empty(q.shape[:3], dtype=_acc_dtype(q))]
 
 
-def _head_loss(x, weight, target, bias, ignore_index, reduction, grads):
-    return x.new_empty(x.shape[:1] if reduction == "none" else ())
+def _head_loss(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
+    dtype = torch.float32 if float32_loss and x.dtype != torch.float64 else x.dtype
+    return x.new_empty(x.shape[:1] if reduction == "none" else (), dtype=dtype)
 
 
-def _head_extras(x, weight, target, bias, ignore_index, reduction, grads):
+def _head_extras(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
     """linear_cross_entropy's cache beyond its inputs (``_host.linear_cross_entropy_ops``): the
     gradients for dout = 1 (dweight and dbias float32) and n_valid when the forward computes them,
     else each row's lse."""
@@ -704,7 +705,7 @@ PRIMITIVES: dict[str, Primitive] = {
                               _dense_pair, saved=("h", "weight"), extras=_row_stats(1),
                               grads=("dout", "dout", "row"), outs=("y", "h"), tied=((1, 0),)),
     "linear_cross_entropy": Primitive("Tensor x, Tensor weight, Tensor target, Tensor? bias",
-                                      "int ignore_index, str reduction, bool grads",
+                                      "int ignore_index, str reduction, bool grads, bool float32_loss",
                                       lambda b, x, w, t, bi, p: _check.check_linear_cross_entropy(
                                           b, x, w, t, bi, p["ignore_index"], p["reduction"]),
                                       _head_loss, saved=("x", "weight", "target", "bias"), extras=_head_extras,
