@@ -32,14 +32,18 @@ def kcourse_fn(case, backend, eps=None):
 
 def torch_fn(case, eps=None, dtype=torch.float64):
     """h = x + residual rounded once to x's dtype, then F.rms_norm / F.layer_norm of h computed in ``dtype``
-    (float64: the truth) and rounded back to x's dtype."""
+    (float64: the truth) and rounded back to x's dtype; the gradient of h (dh plus the norm's) summed
+    in ``dtype`` and rounded once."""
     eps = EPS[case] if eps is None else eps
     norm = F.rms_norm if case == "add_rms_norm" else F.layer_norm
 
     def fn(x, r, *params):
-        h = (x.to(dtype) + r.to(dtype)).to(x.dtype)
-        y = norm(h.to(dtype), h.shape[-1:], *(p if p is None else p.to(dtype) for p in params), eps=eps)
-        return y.to(x.dtype), h
+        h = x.to(dtype) + r.to(dtype)
+        # h's value rounded to x's dtype, its gradient passed through in ``dtype``: dh and the norm's
+        # gradient add before the one rounding to x's dtype, as the op's backward does
+        h = h + (h.to(x.dtype).to(dtype) - h).detach()
+        y = norm(h, h.shape[-1:], *(p if p is None else p.to(dtype) for p in params), eps=eps)
+        return y.to(x.dtype), h.to(x.dtype)
     return fn
 
 
