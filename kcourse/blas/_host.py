@@ -243,7 +243,8 @@ def embedding_ops(*, gather, scatter_add):
 CHUNK_LOGITS = 1 << 26  # logits per chunk of rows (128 MiB in bfloat16): the (N, V) logits are never whole
 
 
-def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """The accumulation dtype of ``t``: float64 for float64, else float32 (also the custom ops' fakes')."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
@@ -322,8 +323,8 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
     def new_grads(x, weight, bias, wanted):
         """(dx, dweight, dbias) for ``sweep``: dx empty (each row written once), the sums float32 zeros."""
         return (x.new_empty(x.shape) if wanted[0] else None,
-                weight.new_zeros(weight.shape, dtype=_acc_dtype(weight)) if wanted[1] else None,
-                bias.new_zeros(bias.shape, dtype=_acc_dtype(bias)) if wanted[2] and bias is not None else None)
+                weight.new_zeros(weight.shape, dtype=acc_dtype(weight)) if wanted[1] else None,
+                bias.new_zeros(bias.shape, dtype=acc_dtype(bias)) if wanted[2] and bias is not None else None)
 
     def linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
         """``(loss, (x, weight, target, bias, *extras))``: extras ``(dx, dweight, [dbias,] n_valid)`` when
@@ -331,12 +332,13 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
         dtype, or float32 with ``float32_loss`` (under autocast: a mean or sum is then never rounded
         to x's dtype; the rows of "none" are, by the cross_entropy kernel)."""
         ahead = grads and reduction != "none"  # the gradients in this pass
-        acc = _acc_dtype(x)
+        acc = acc_dtype(x)
         losses = x.new_empty(x.shape[0])  # (N,) each row's loss, 0 on ignored rows
         lse = None if ahead else torch.empty(x.shape[0], dtype=acc, device=x.device)
         g = new_grads(x, weight, bias, (True, True, True)) if ahead else None
         sweep(x, weight, target, bias, ignore_index, lse, losses=losses, grads=g)
-        n_valid = (target != ignore_index).sum(dtype=acc)  # on the device: no host sync
+        needed = ahead or reduction == "mean"  # n_valid, counted on the device: no host sync
+        n_valid = (target != ignore_index).sum(dtype=acc) if needed else None
         if reduction == "none":
             loss = losses
         else:  # the rows' losses added in float32, divided by n_valid (0/0 = NaN when all are ignored)
@@ -356,10 +358,10 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
             computed = new_grads(x, weight, bias, wanted)
             sweep(x, weight, target, bias, ignore_index, extras[0], grads=computed,
                   dout=None if reduction != "none" else dout.to(x.dtype))
-            n_valid = (target != ignore_index).sum(dtype=_acc_dtype(x))
+            n_valid = (target != ignore_index).sum(dtype=acc_dtype(x)) if reduction == "mean" else None
         scale = None
         if reduction != "none":  # dout (sum) or dout / n_valid (mean), in float32
-            scale = dout.to(_acc_dtype(x))  # n_valid = 0: every dlogits row is 0, so is the gradient
+            scale = dout.to(acc_dtype(x))  # n_valid = 0: every dlogits row is 0, so is the gradient
             scale = scale / n_valid.clamp(min=1) if reduction == "mean" else scale
         dx, dweight, dbias = (None if not want else g if scale is None else g.to(scale.dtype) * scale
                               for g, want in zip(computed, wanted))

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from .. import backend as backends
 from . import _cache, _check
+from ._host import acc_dtype as _acc_dtype
 
 LIB = torch.library.Library("kcourse", "DEF")
 ops = torch.ops.kcourse
@@ -611,10 +612,6 @@ class Primitive:
     @functools.cached_property
     def param_names(self) -> list[str]:
         return [a.split()[-1] for a in self.params.split(",")] if self.params else []
-
-
-def _acc_dtype(t: Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _row_stats(n: int):

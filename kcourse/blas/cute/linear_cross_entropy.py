@@ -1,6 +1,6 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's CuTe kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py``
-(``_gemm_sm90`` on Hopper; dweight accumulated in place, beta = 1), the loss, lse and dlogits by
+(``_gemm_sm90`` on Hopper; each chunk's dweight added into a float32 sum), the loss, lse and dlogits by
 ``cross_entropy.py``, dbias by ``gemv.py``.
 """
 from .. import _host

@@ -1,6 +1,6 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py`` (TMA and
-wgmma on Hopper; dweight accumulated in place, beta = 1), the loss, lse and dlogits by
+wgmma on Hopper; each chunk's dweight added into a float32 sum), the loss, lse and dlogits by
 ``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward),
 dbias by ``gemv.py``.
 """
