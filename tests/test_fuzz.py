@@ -383,11 +383,12 @@ def test_linear_cross_entropy(name, data):
     f = lambda x, w, b, backend: blas.linear_cross_entropy(x, w, target, b, reduction=reduction, backend=backend)
     # the logits rounded to the dtype, as the op (and a Linear layer) writes them
     ref = lambda x, w, b: _cross_entropy_by_formula(F.linear(x, w, b).to(dt).double(), target, -100, reduction)
-    chunk, _host.CHUNK_LOGITS = _host.CHUNK_LOGITS, V * data.draw(st.integers(1, max(N, 1)))
+    saved = _host.CHUNKS, _host.MIN_CHUNK_LOGITS
+    _host.CHUNKS, _host.MIN_CHUNK_LOGITS = data.draw(st.integers(1, max(N, 1))), 1
     try:  # the loss sums K products per logit and V logits per row (N rows for a sum); dweight N rows
         check(name, f, ref, [x, weight, bias], k=(K + V) * (N if reduction == "sum" else 1), grad_k=max(N, V) + K)
     finally:
-        _host.CHUNK_LOGITS = chunk
+        _host.CHUNKS, _host.MIN_CHUNK_LOGITS = saved
 
 
 def _cross_entropy_by_formula(x, target, ignore_index, reduction):

@@ -69,8 +69,10 @@ def cross_entropy_ops(*, forward, backward, valid_sum):
                              torch.empty((), dtype=logits.dtype, device=logits.device))
         return loss, (logits, target, lse)
 
-    def cross_entropy_backward(dout, cache, needs, ignore_index, reduction):
-        """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows."""
+    def cross_entropy_backward(dout, cache, needs, ignore_index, reduction, out=None):
+        """``(dlogits, None)``: ``(softmax(logits) - onehot(target)) * g`` row by row, 0 on ignored rows,
+        written into ``out`` when given (it may be the logits themselves: each element is read
+        before it is written, by the thread that writes it)."""
         logits, target, lse = cache
         if not needs[0] or logits.numel() == 0:
             return (torch.zeros_like(logits) if needs[0] else None), None
@@ -78,7 +80,7 @@ def cross_entropy_ops(*, forward, backward, valid_sum):
         if reduction == "mean":
             n_valid = valid_sum(None, target, ignore_index, "count",
                                 torch.empty((), dtype=torch.float32, device=logits.device))
-        dlogits = torch.empty_like(logits)
+        dlogits = torch.empty_like(logits) if out is None else out
         backward(logits, target, lse, dout, n_valid, dlogits, ignore_index,
                  0 if reduction != "none" else dout.stride(0))
         return dlogits, None
@@ -240,7 +242,15 @@ def embedding_ops(*, gather, scatter_add):
 
 # ----------------------------------------------------------------------------- linear_cross_entropy
 
-CHUNK_LOGITS = 1 << 26  # logits per chunk of rows (128 MiB in bfloat16): the (N, V) logits are never whole
+CHUNKS = 8  # the rows in about this many chunks: each chunk's logits an eighth of the whole (N, V)
+MIN_CHUNK_LOGITS = 1 << 24  # and at least this many logits per chunk (few, large gemms for small N V)
+
+
+def chunk_rows(N: int, V: int) -> int:
+    """Rows per chunk of linear_cross_entropy: ceil(N / CHUNKS), at least MIN_CHUNK_LOGITS / V, at
+    most N. Larger chunks mean fewer, better-shaped gemms and fewer roundings of a half-precision
+    dweight; smaller ones less memory (the chunk's logits are the op's one large temporary)."""
+    return max(1, min(N, max(-(-N // CHUNKS), -(-MIN_CHUNK_LOGITS // max(V, 1)))))
 
 
 def acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -248,39 +258,38 @@ def acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True):
+def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True,
+                             dlogits_in_place=False):
     """``(linear_cross_entropy, linear_cross_entropy_backward)`` of a backend from its own kernels
     (``gemm``, ``gemv``, ``cross_entropy`` and its backward, as ``kcourse.blas.<backend>`` exports them):
-    ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), a chunk of rows at a
-    time, each chunk's (rows, V) logits in one reused buffer and about ``CHUNK_LOGITS`` of them
-    (``chunked=False``: all N rows at once).
+    ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), ``chunk_rows`` rows
+    at a time, each chunk's (rows, V) logits in one reused buffer (``chunked=False``: all N rows at
+    once). ``dlogits_in_place``: the backend's cross_entropy backward may write dlogits over the
+    logits it reads (``out=``), so the chunk needs no second buffer.
 
     With ``grads`` (some input wants a gradient) and a "mean" or "sum", the forward also computes the
     gradients, in the same pass over the chunk: dlogits = softmax - onehot (the sum's backward for
     dout = 1), dx = dlogits W for the chunk's rows, dW += dlogits^T x, dbias += dlogits^T 1. Its
-    cache holds them and n_valid; the backward only scales them by dout / n_valid (mean) or dout
-    (sum), in float32. Otherwise the cache holds each row's lse and the backward sweeps the chunks
-    again, recomputing the logits ("none": dlogits scaled by each row's dout).
+    cache holds them and n_valid; the backward scales them by dout / n_valid (mean) or dout (sum),
+    in float32, rounded once (``in_place``: over the cache itself, no second copy). Otherwise the
+    cache holds each row's lse and the backward sweeps the chunks again, recomputing the logits
+    ("none": dlogits scaled by each row's dout).
 
-    dW and dbias add up in float32 (float64 for float64): each chunk's product, rounded once to the
-    weight's dtype by the gemm, is added to them, so the sum over chunks is not rounded again."""
+    dW and dbias are in the weight's dtype and added up by the gemm and gemv themselves (beta = 1,
+    in place): each chunk's product is accumulated in float32 and added to the running sum in the
+    epilogue, rounded once per chunk (at most CHUNKS roundings for a half-precision weight)."""
 
-    def accumulate(dlogits, x, weight, dx, sums, partials, ones):
-        """dx <- dlogits weight; the float32 sums (dW, dbias) += (dlogits^T x, dlogits^T 1), through
-        the weight-dtype ``partials`` (None: the sums are in the weight's dtype, added in place)."""
+    def accumulate(dlogits, x, weight, dx, sums, first, ones):
+        """dx <- dlogits weight; (dW, dbias) <- (dlogits^T x, dlogits^T 1) for the ``first`` chunk,
+        else += them, in place."""
+        beta = 0.0 if first else 1.0
         if dx is not None and dx.numel():
             gemm(dlogits, weight, None, 1.0, 0.0, dx)  # (n, V) @ (V, K)
         dweight, dbias = sums
         if dweight is not None and dweight.numel():
-            if partials is None:
-                gemm(dlogits.mT, x, dweight, 1.0, 1.0, dweight)  # (V, n) @ (n, K), added in place
-            else:
-                dweight += gemm(dlogits.mT, x, None, 1.0, 0.0, partials[0])
+            gemm(dlogits.mT, x, None if first else dweight, 1.0, beta, dweight)  # (V, n) @ (n, K)
         if dbias is not None:
-            if partials is None:
-                gemv(dlogits.mT, ones[: x.shape[0]], dbias, 1.0, 1.0, dbias)  # (V, n) @ (n,)
-            else:
-                dbias += gemv(dlogits.mT, ones[: x.shape[0]], None, 1.0, 0.0, partials[1])
+            gemv(dlogits.mT, ones[: x.shape[0]], None if first else dbias, 1.0, beta, dbias)  # (V, n) @ (n,)
 
     def sweep(x, weight, target, bias, ignore_index, lse, *, losses=None, grads=None, dout=None):
         """One pass over the rows, a chunk at a time: the chunk's logits (n, V), then
@@ -291,14 +300,15 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
             (``dout`` None: a sum's, for dout = 1), and from them the gradients (``accumulate``)."""
         N, K = x.shape
         V = weight.shape[0]
-        step = max(1, min(N, CHUNK_LOGITS // V) if chunked else N)
-        buffer = x.new_empty(min(step, N), V)  # one chunk's logits
+        step = chunk_rows(N, V) if chunked else max(N, 1)
+        buffer = x.new_empty(min(step, N), V)  # one chunk's logits (and, in place, its dlogits)
         one = x.new_ones(())
         if grads is not None:
             dx, *sums = grads
-            partials = None if sums[0] is None or sums[0].dtype == weight.dtype else (
-                torch.empty_like(weight), None if sums[1] is None else torch.empty_like(bias))
             ones = x.new_ones(step) if sums[1] is not None else None
+            if N == 0:  # no chunk runs: the sums are zeros
+                for g in sums:
+                    g is None or g.zero_()
         for start in range(0, N, step):
             rows = slice(start, min(start + step, N))
             x_rows, t = x[rows], target[rows]
@@ -317,18 +327,18 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
                 lse_rows = lse[rows]
             if grads is not None:
                 d, how = (one, "sum") if dout is None else (dout[rows], "none")
-                dlogits, _ = cross_entropy_backward(d, (logits, t, lse_rows), (True, False), ignore_index, how)
-                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, partials, ones)
+                more = {"out": logits} if dlogits_in_place else {}
+                dlogits, _ = cross_entropy_backward(d, (logits, t, lse_rows), (True, False), ignore_index, how, **more)
+                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, start == 0, ones)
 
     def new_grads(x, weight, bias, wanted):
-        """(dx, dweight, dbias) for ``sweep``: dx empty (each row written once), the sums float32 zeros."""
-        return (x.new_empty(x.shape) if wanted[0] else None,
-                weight.new_zeros(weight.shape, dtype=acc_dtype(weight)) if wanted[1] else None,
-                bias.new_zeros(bias.shape, dtype=acc_dtype(bias)) if wanted[2] and bias is not None else None)
+        """(dx, dweight, dbias) for ``sweep``, uninitialised (the first chunk writes them)."""
+        return (x.new_empty(x.shape) if wanted[0] else None, weight.new_empty(weight.shape) if wanted[1] else None,
+                bias.new_empty(bias.shape) if wanted[2] and bias is not None else None)
 
     def linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
         """``(loss, (x, weight, target, bias, *extras))``: extras ``(dx, dweight, [dbias,] n_valid)`` when
-        the gradients are computed here (dweight, dbias float32), else ``(lse,)``. The loss has x's
+        the gradients are computed here (for dout = 1 and the sum), else ``(lse,)``. The loss has x's
         dtype, or float32 with ``float32_loss`` (under autocast: a mean or sum is then never rounded
         to x's dtype; the rows of "none" are, by the cross_entropy kernel)."""
         ahead = grads and reduction != "none"  # the gradients in this pass
@@ -348,24 +358,28 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
         extras = [g[0], g[1], *([g[2]] if bias is not None else []), n_valid] if ahead else [lse]
         return loss, (x, weight, target, bias, *extras)
 
-    def linear_cross_entropy_backward(dout, cache, needs, ignore_index, reduction, grads, float32_loss):
-        """``(dx, dweight, None, dbias)`` (None where not in ``needs``)."""
+    def linear_cross_entropy_backward(dout, cache, needs, ignore_index, reduction, grads, float32_loss,
+                                      in_place=False):
+        """``(dx, dweight, None, dbias)`` (None where not in ``needs``). ``in_place``: gradients the
+        forward computed are scaled over the cache itself and returned (eager autograd only: the
+        cache is then spent, and a second backward through it fails autograd's version check)."""
         x, weight, target, bias, *extras = cache
         wanted = (needs[0], needs[1], needs[3] and bias is not None)
-        if grads and reduction != "none":  # computed by the forward for dout = 1
-            computed, n_valid = [extras[0], extras[1], extras[2] if bias is not None else None], extras[-1]
-        else:
+        if not (grads and reduction != "none"):  # recomputed, for the rows' own dout or the sum's
             computed = new_grads(x, weight, bias, wanted)
             sweep(x, weight, target, bias, ignore_index, extras[0], grads=computed,
                   dout=None if reduction != "none" else dout.to(x.dtype))
-            n_valid = (target != ignore_index).sum(dtype=acc_dtype(x)) if reduction == "mean" else None
-        scale = None
-        if reduction != "none":  # dout (sum) or dout / n_valid (mean), in float32
-            scale = dout.to(acc_dtype(x))  # n_valid = 0: every dlogits row is 0, so is the gradient
-            scale = scale / n_valid.clamp(min=1) if reduction == "mean" else scale
-        dx, dweight, dbias = (None if not want else g if scale is None else g.to(scale.dtype) * scale
+            if reduction == "none":
+                return computed[0], computed[1], None, computed[2]
+            computed, n_valid = list(computed), (target != ignore_index).sum(dtype=acc_dtype(x))
+        else:  # computed by the forward for dout = 1
+            computed, n_valid = [extras[0], extras[1], extras[2] if bias is not None else None], extras[-1]
+        # dout (sum) or dout / n_valid (mean), in float32; n_valid = 0: every dlogits row is 0, so is the gradient.
+        # A half tensor times a 0-d float32 tensor is computed in float32 and rounded once.
+        scale = dout.to(acc_dtype(x))
+        scale = scale / n_valid.clamp(min=1) if reduction == "mean" else scale
+        dx, dweight, dbias = (None if not want else g.mul_(scale) if in_place else g * scale
                               for g, want in zip(computed, wanted))
-        return (None if dx is None else dx.to(x.dtype), None if dweight is None else dweight.to(weight.dtype), None,
-                None if dbias is None else dbias.to(bias.dtype))
+        return dx, dweight, None, dbias
 
     return linear_cross_entropy, linear_cross_entropy_backward

@@ -181,7 +181,7 @@ def call(name: str, *args):
     call than the dispatcher's Python autograd and autocast layers. Anything else (torch.compile
     tracing, fake or meta tensors, a TorchDispatchMode, functorch transforms) goes through
     ``torch.ops.kcourse``, where PyTorch sees the op whole."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if not _eager(()):
         return getattr(ops, name)(*args)
     requires_grad = False
     for a in args:  # one pass: every tensor plain, and does any want a gradient?
@@ -194,6 +194,14 @@ def call(name: str, *args):
         with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[device]):
             return _run(name, _cast(args, AUTOCAST[device].get(name), device), requires_grad)
     return _run(name, args, requires_grad)
+
+
+def _eager(args) -> bool:
+    """Plain eager execution: no torch.compile tracing, no dispatch mode, every tensor of ``args``
+    (lists included) plain."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(_check.plain(t) for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor))
 
 
 def _run(name: str, args: tuple, requires_grad: bool):
@@ -457,6 +465,7 @@ def _register(name: str, setup: Callable, backward: Callable) -> None:
     def forward(ctx, *args):  # forward(ctx, ...) rather than setup_context: apply then binds no signature
         out = impl(*args)
         setup(ctx, args, out)
+        ctx.private_extras = True  # ``call``'s caller, a kcourse.blas function, never returns the extras
         return tuple(out) if isinstance(out, list) else out
 
     listed = "-> Tensor[]" in str(getattr(ops, name).default._schema)
@@ -604,6 +613,8 @@ class Primitive:
     outs: tuple[str, ...] = ("out",)  # the differentiable outputs, the first of dout's shape; names for ``saved``
     tied: tuple[tuple[int, int], ...] = ()  # (i, j): input i's gradient is input j's (x + residual: the same),
     #                                         computed once, as j's, and returned for both
+    spends_cache: bool = False  # eagerly, the backward kernel may return its saved extras, overwritten
+    #                             (``in_place=True``): no second copy of gradients the forward computed
 
     @functools.cached_property  # read on every call: parsed once
     def input_names(self) -> list[str]:
@@ -663,12 +674,11 @@ def _head_loss(x, weight, target, bias, ignore_index, reduction, grads, float32_
 
 def _head_extras(x, weight, target, bias, ignore_index, reduction, grads, float32_loss):
     """linear_cross_entropy's cache beyond its inputs (``_host.linear_cross_entropy_ops``): the
-    gradients for dout = 1 (dweight and dbias float32) and n_valid when the forward computes them,
+    gradients for dout = 1 (each in its input's dtype) and n_valid when the forward computes them,
     else each row's lse."""
     if grads and reduction != "none":
-        return [x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=_acc_dtype(weight)),
-                *([bias.new_empty(bias.shape, dtype=_acc_dtype(bias))] if bias is not None else []),
-                x.new_empty((), dtype=_acc_dtype(x))]
+        return [x.new_empty(x.shape), weight.new_empty(weight.shape),
+                *([bias.new_empty(bias.shape)] if bias is not None else []), x.new_empty((), dtype=_acc_dtype(x))]
     return [x.new_empty(x.shape[:1], dtype=_acc_dtype(x))]
 
 
@@ -706,7 +716,7 @@ PRIMITIVES: dict[str, Primitive] = {
                                       lambda b, x, w, t, bi, p: _check.check_linear_cross_entropy(
                                           b, x, w, t, bi, p["ignore_index"], p["reduction"]),
                                       _head_loss, saved=("x", "weight", "target", "bias"), extras=_head_extras,
-                                      grads=("x", "weight", None, "bias")),
+                                      grads=("x", "weight", None, "bias"), spends_cache=True),
     "gelu": Primitive("Tensor x", "str approximate",
                       lambda b, x, p: _check.check_activation(b, "gelu", x, **p), _like, saved=("x",)),
     "silu": Primitive("Tensor x", "", lambda b, x, p: _check.check_activation(b, "silu", x), _like, saved=("x",)),
@@ -765,12 +775,12 @@ def _define_primitive(op: str, spec: Primitive) -> None:
             needs[j], needs[i] = needs[j] or needs[i], False
         return needs
 
-    def backward(dout, *rest):
+    def backward(dout, *rest, in_place=False):
         douts, (saved, needs, *args) = rest[:k - 1], rest[k - 1:]
         p, backend = dict(zip(spec.param_names, args[:-1])), args[-1]
         needs = kernel_needs(needs)
         grads = backends.backward_kernel(backend, op)((dout, *douts) if k > 1 else dout, tuple(saved), tuple(needs),
-                                                      **p)
+                                                      **p, **({"in_place": True} if in_place else {}))
         return [g.contiguous() for g, need in zip(grads, needs) if need]
 
     def backward_fake(dout, *rest):
@@ -800,7 +810,13 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         dout = grads[0] if grads[0] is not None else torch.zeros_like(grads[1])  # only h used: the norm's is 0
         dout = dout if spec.strided_dout else dout.contiguous()
         more = [None if g is None else g.contiguous() for g in grads[1:k]]
-        got = iter(call(f"{op}_backward", dout, *more, list(ctx.saved_tensors), needs, *ctx.args))
+        args = (dout, *more, list(ctx.saved_tensors), needs, *ctx.args)
+        # a backward that may spend its cache does where no one else can see it: eagerly, under ``call``
+        # (torch.ops keeps its outputs, and torch.compile's graphs functional); not with create_graph,
+        # which keeps the backward op, whose own backward refuses second derivatives
+        spend = (spec.spends_cache and getattr(ctx, "private_extras", False) and not torch.is_grad_enabled()
+                 and _eager(args))
+        got = iter(backward(*args, in_place=True) if spend else call(f"{op}_backward", *args))
         result = [next(got) if need else None for need in kernel_needs(needs)]
         for i, j in spec.tied:
             result[i] = result[j] if needs[i] else None

@@ -47,8 +47,9 @@ Design (the triton backend's, on the row machinery of ``_rows.py``):
 - ``cross_entropy_backward_kernel``: the same rows and chunks, elementwise given the cached lse:
   every element gets exp(x - lse) g, then the thread that stored the target column's vector stores
   (exp(x_t - lse) - 1) g over it (one thread's stores to one address land in program order), so no
-  element is compared with the target. One read and one write per element; ignored rows write zeros
-  without reading. A row longer than 16384 is shared by up to 8 CTAs whatever N, each taking at
+  element is compared with the target (x_t is read before the sweep, so dx may be x itself: each
+  element is read, then written, by one thread). One read and one write per element; ignored rows
+  write zeros without reading. A row longer than 16384 is shared by up to 8 CTAs whatever N, each taking at
   most ``BACKWARD_SHARE`` elements (``_rows.split_rows``; nothing to combine: no cluster), so that
   more loads are in flight than one 256-thread CTA per row keeps.
 
@@ -312,7 +313,7 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
         if row < rows:
             t = Int64(mT[row])
             n_write = V
-        g, lse = Float32(0.0), Float32(0.0)  # an ignored row: exp(0 - 0) * 0 = 0, without reading
+        g, lse, x_t = Float32(0.0), Float32(0.0), Float32(0.0)  # an ignored row: exp(0 - 0) * 0 = 0, unread
         n_read = Int32(0)
         if t != ignore_index:  # a valid row (an out-of-range target has lse NaN: dx NaN)
             n_read = V
@@ -320,6 +321,9 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
             g = mdOut[row].to(Float32)
             if const_expr(mean):
                 g = g / mNValid[0]
+            if t >= 0:
+                if t < V:  # the target logit, read before the sweep: dx may be x itself (written in place)
+                    x_t = x_row[t].to(Float32)
         first, count = chunk_range(V, plan_)  # the whole row, or this CTA's share (no reduction: no cluster)
         for c in cutlass.range(first, first + count, unroll=1):
             x = load_chunk(tiled_copy, thr, x_row, c, chunk, chunk_predicate(tXcX, n_read - c * chunk, vpt), 0.0)
@@ -337,7 +341,7 @@ def _cross_entropy_backward_factory(dtype, target_dtype, plan_, mean: bool):
                             if t // chunk < first + count:
                                 mine = Int32(1)
                     if lane == Int32((t % chunk) // plan_.vec) % plan_.tpr and mine != 0:
-                        p_t = exp2f((x_row[t].to(Float32) - lse) * LOG2E)
+                        p_t = exp2f((x_t - lse) * LOG2E)
                         dx_row[t] = ((p_t - 1.0) * g).to(dx_row.element_type)
 
     @cute.jit

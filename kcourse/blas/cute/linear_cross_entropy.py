@@ -1,7 +1,7 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's CuTe kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py``
-(``_gemm_sm90`` on Hopper; each chunk's dweight added into a float32 sum), the loss, lse and dlogits by
-``cross_entropy.py``, dbias by ``gemv.py``.
+(``_gemm_sm90`` on Hopper; each chunk's dweight added in the gemm's epilogue), the loss, lse and dlogits by
+``cross_entropy.py`` (dlogits written over the chunk's logits), dbias by ``gemv.py``.
 """
 from .. import _host
 from .cross_entropy import cross_entropy, cross_entropy_backward
@@ -9,4 +9,5 @@ from .gemm import gemm
 from .gemv import gemv
 
 linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
-    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward,
+    dlogits_in_place=True)

@@ -1,7 +1,7 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py`` (TMA and
-wgmma on Hopper; each chunk's dweight added into a float32 sum), the loss, lse and dlogits by
-``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward),
+wgmma on Hopper; each chunk's dweight added in the gemm's epilogue), the loss, lse and dlogits by
+``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward, dlogits over the logits),
 dbias by ``gemv.py``.
 """
 from .. import _host
@@ -10,4 +10,5 @@ from .gemm import gemm
 from .gemv import gemv
 
 linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
-    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward,
+    dlogits_in_place=True)
