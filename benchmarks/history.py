@@ -402,6 +402,14 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['prefill_ms']:.2f}", f"{r['ms']:.3f}",
                        f"{r['rate']:,.0f}", ratio(r, baseline=True), r["date"][:10]),
             sorted((r for r in rows if r["op"] == "gpt_decode"), key=lambda r: (r["shape"], r["mode"], _order(r))))
+    section("LM head and loss, fused (`benchmarks/fused.py`)",
+            "One forward and backward. Speed: the backend's unfused composition's time over the fused op's (target "
+            ">= 1.0x); memory: the fused op's peak over the unfused one's (target <= 0.25x). torch's rows are "
+            "F.linear then F.cross_entropy.",
+            "shape | backend | variant | dtype | ms> | peak GiB> | speed vs unfused> | memory vs unfused> | date",
+            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}", number(r.get("peak_gib"), ".2f"),
+                       ratio(r), number(r.get("memory_ratio"), ".3f"), r["date"][:10]),
+            sorted((r for r in rows if r["op"] == "linear_cross_entropy"), key=lambda r: (r["shape"], _order(r), r["mode"])))
     section("Host time per call (`benchmarks/host.py`)",
             "Tiny operands: the host's time (validation, dispatch, launch), not the GPU's. The ratio is torch's "
             "time over ours.",
