@@ -58,7 +58,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
-from ._launch import INTERPRET, autotune, is_hopper
+from ._launch import INTERPRET, autotune, is_hopper, launch_tuned
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -325,10 +325,12 @@ def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split):
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
     sms = num_sms(A.device)
     grid = lambda meta: (min(sms, Z * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
-    tuned[grid](_descriptor(A if a_kmajor else A.mT, a_batched), _descriptor(B.mT if b_kmajor else B, b_batched),
-                _descriptor(out, Z > 1), C, M, N, K, Z, k_split, *(C.stride() if C is not None else (0, 0, 0)),
-                alpha, beta, A_KMAJOR=a_kmajor, A_BATCHED=a_batched, B_KMAJOR=b_kmajor, B_BATCHED=b_batched,
-                OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
+    # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
+    key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype)
+    launch_tuned(tuned, grid, key, _descriptor(A if a_kmajor else A.mT, a_batched),
+                 _descriptor(B.mT if b_kmajor else B, b_batched), _descriptor(out, Z > 1), C, M, N, K, Z, k_split,
+                 *(C.stride() if C is not None else (0, 0, 0)), alpha, beta, A_KMAJOR=a_kmajor, A_BATCHED=a_batched,
+                 B_KMAJOR=b_kmajor, B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
 
 
 def gemm_tma(A, B, C, alpha, beta, out, plan):

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_plan
-from ._launch import INTERPRET, autotune
+from ._launch import INTERPRET, autotune, launch_tuned
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4)]
@@ -123,7 +123,9 @@ def gemm(A, B, C, alpha, beta, out):
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     grid = lambda meta: (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-    gemm_kernel[grid](A, B, C, out, M, N, K, *A.stride(), *B.stride(),
-                      *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta,
-                      PRECISION="tf32" if tf32 else "ieee", UPCAST=INTERPRET and A.dtype != torch.float32)
+    precision = "tf32" if tf32 else "ieee"
+    key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype)  # the autotuner's pick
+    launch_tuned(gemm_kernel, grid, key, A, B, C, out, M, N, K, *A.stride(), *B.stride(),
+                 *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta,
+                 PRECISION=precision, UPCAST=INTERPRET and A.dtype != torch.float32)
     return out
