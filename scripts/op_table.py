@@ -4,6 +4,7 @@
     python scripts/op_table.py --write              # rewrite it in README.md
     KCOURSE_RECORD=run.json pytest                  # a test run that records (op, backend) outcomes
     python scripts/op_table.py record run.json [more.json ...]   # fold that run (its parts) into docs/verified.json
+    python scripts/op_table.py record --partial run.json         # a run of some ops' tests: only those replaced
 
 A cell names each device class on which the op's tests passed on that backend ("CPU", "H100", ...);
 "untested" means the kernel exists but no recorded run verified it; "—" means no kernel.
@@ -46,9 +47,11 @@ def load_verified() -> dict:
     return json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
 
 
-def record(run_paths: list[str]) -> None:
+def record(run_paths: list[str], partial: bool = False) -> None:
     """Fold one recorded test run into docs/verified.json (keyed by device class). A run recorded in
-    parts (several pytest invocations on one machine) is summed."""
+    parts (several pytest invocations on one machine) is summed. ``partial``: the run tested some ops
+    only; their results replace those of the device's last full run, which is otherwise kept (the
+    partial run's date and versions listed under "partial")."""
     parts = [json.loads(Path(p).read_text()) for p in run_paths]
     run = {"meta": parts[0]["meta"], "results": {}}
     for part in parts:
@@ -61,6 +64,12 @@ def record(run_paths: list[str]) -> None:
                     total[outcome] += counts[outcome]
     verified = load_verified()
     device = device_class(run["meta"]["device"])
+    if partial and device in verified:
+        entry = verified[device]
+        entry["results"].update(run["results"])
+        entry.setdefault("partial", []).append({**run["meta"], "ops": sorted(run["results"])})
+        VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
+        return
     if "fuzz" in verified.get(device, {}):  # the large fuzz budget's run (tests/test_fuzz.py), kept
         run["fuzz"] = verified[device]["fuzz"]
     verified[device] = run
@@ -81,7 +90,9 @@ def table() -> str:
     for op in OPS:
         lines.append(f"| [{op}](docs/{op}.md) | " + " | ".join(cell(op, b, verified) for b in BACKENDS) + " |")
     runs = "; ".join(f"{name}: {run['meta']['device']}, {run['meta']['date']}, torch {run['meta']['torch']}, "
-                     f"triton {run['meta'].get('triton', '-')}" for name, run in sorted(verified.items()))
+                     f"triton {run['meta'].get('triton', '-')}"
+                     + "".join(f" ({', '.join(p['ops'])}: {p['date']})" for p in run.get("partial", []))
+                     for name, run in sorted(verified.items()))
     lines.append("")
     lines.append(f"Verified runs: {runs or 'none recorded'}.")
     fuzzed = "; ".join(f"{name}: {run['fuzz']['examples']} examples per op on {', '.join(run['fuzz']['backends'])}, "
@@ -109,9 +120,10 @@ def main(argv=None) -> int:
     parser.add_argument("command", nargs="?", choices=["print", "record"], default="print")
     parser.add_argument("run", nargs="*", help="with record: the KCOURSE_RECORD file(s) of a test run")
     parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
-    args = parser.parse_args(argv)
+    parser.add_argument("--partial", action="store_true", help="with record: a run of some ops' tests only")
+    args = parser.parse_intermixed_args(argv)
     if args.command == "record":
-        record(args.run)
+        record(args.run, args.partial)
     if args.write or args.command == "record":
         write()
     print(table())
