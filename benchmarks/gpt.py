@@ -28,7 +28,8 @@ one, timed alone, includes compiling, autotuning and CUDA-graph capture), then `
 steps: tokens/s = batch * T / (median step time), each step's time from CUDA events recorded
 between steps (no synchronization inside the loop) or, on the CPU, the wall clock. The peak memory
 (torch.cuda.max_memory_allocated, reset before the model is built) covers weights, gradients,
-optimizer state and activations. A variant that fails is recorded with its error and the traceback's
+optimizer state and activations. MFU: tokens/s times ``flops_per_token`` (6 per matmul weight
+plus 12 L d T for attention) over the device's dense bfloat16 peak (``PEAK_TFLOPS``). A variant that fails is recorded with its error and the traceback's
 tail; the others still run. Between variants the model and optimizer are freed and, after a
 compiled one, torch._dynamo.reset() runs: each variant is a new model instance, and without a reset
 every one would be another recompilation of the same forward (after 8, dynamo silently falls back to
@@ -257,12 +258,30 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bfloat16 tensor-core peak of the SXM parts: MFU's denominator
+
+
+def flops_per_token(model: torch.nn.Module, c: GPTConfig) -> float:
+    """Training FLOPs per token, forward and backward: 6 per weight of every matmul (each 2-D weight
+    but the embeddings', and the LM head, tied or not) plus 12 L d T for attention's two products
+    over the whole T x T (PaLM's appendix B convention; the causal half is not subtracted)."""
+    named = dict(model.named_parameters())  # a tied head appears once, as wte.weight
+    matmul = sum(p.numel() for n, p in named.items() if p.dim() == 2 and not n.startswith(("wte.", "wpe.")))
+    if "lm_head.weight" not in named:
+        matmul += c.vocab_size * c.n_embd
+    return 6 * matmul + 12 * c.n_layer * c.n_embd * c.block_size
+
+
 def ratios(results: dict) -> None:
-    """Each variant's tokens/s over its baseline's (``ratio``) and over torch.nn:eager's, in place."""
+    """Each variant's tokens/s over its baseline's (``ratio``) and over torch.nn:eager's, and its MFU
+    (model FLOPs per second over the device's peak, where known), in place."""
     eager = results["variants"].get("torch.nn:eager", {}).get("tokens_per_s")
+    m = results["meta"]
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in m.get("device", "")), None)
     for name, r in results["variants"].items():
         if "tokens_per_s" not in r:
             continue
+        r["mfu"] = r["tokens_per_s"] * m["flops_per_token"] / (peak * 1e12) if peak else None
         mode = name.partition(":")[2]
         base_name = f"torch.nn:{BASELINE[mode]}"
         base = results["variants"].get(base_name, {}).get("tokens_per_s")
@@ -283,7 +302,7 @@ def table(results: dict) -> str:
     lines = [f"{m['parameters'] / 1e6:.1f}M-parameter {m['arch']} GPT, T={m['block_size']}, batch {m['batch']}, "
              f"{m['device']}, torch {m['torch']}, triton {m['triton']}",
              f"  {'variant':26s} {'tokens/s':>11s} {'ratio':>6s}  {'baseline':23s} {'ms/step':>8s} {'peak GiB':>8s} "
-             f"{'1st step s':>10s} {'loss':>7s}"]
+             f"{'1st step s':>10s} {'loss':>7s} {'MFU':>6s}"]
     for name, r in results["variants"].items():
         if "error" in r:
             lines.append(f"  {name:26s} FAILED: {r['error'].splitlines()[0][:150]}")
@@ -293,7 +312,8 @@ def table(results: dict) -> str:
             ratio += "!"
         mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
         lines.append(f"  {name:26s} {r['tokens_per_s']:>11,.0f} {ratio:>7s} {r.get('baseline', ''):23s} "
-                     f"{r['step_ms']:8.1f} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f}")
+                     f"{r['step_ms']:8.1f} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f} "
+                     f"{format(r['mfu'], '.1%') if r.get('mfu') is not None else '-':>6s}")
     for b, why in results["skipped"].items():
         lines.append(f"  {b if ':' in b else b + ':*':26s} skipped: {why}")
     lines.append("  targets (ratio to baseline): eager >= 1.0 (pytorch backend >= 0.97), compile >= 1.0, "
@@ -340,10 +360,10 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     model = GPT(c)
     initial = model.state_dict()  # float32 on the CPU; every variant starts from these weights
-    n_params = sum(t.numel() for t in model.parameters())
+    n_params, flops = sum(t.numel() for t in model.parameters()), flops_per_token(model, c)
     del model
     data = batches(args, c)
-    results = {"meta": meta(args, c, n_params), "skipped": skipped, "variants": {}}
+    results = {"meta": {**meta(args, c, n_params), "flops_per_token": flops}, "skipped": skipped, "variants": {}}
     for b, why in skipped.items():
         print(f"{b}: skipped: {why}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

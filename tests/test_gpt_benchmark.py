@@ -1,0 +1,35 @@
+"""benchmarks/gpt.py: its FLOP count (MFU's numerator) by hand, and a CPU smoke run of a tiny model."""
+import argparse
+
+import torch
+
+from benchmarks import gpt
+from kcourse.modules import GPT
+
+
+def test_flops_per_token_of_gpt2_124m():
+    """6 per matmul weight (12 d^2 per layer, the tied 50304 x 768 head once) + 12 L d T."""
+    c = gpt.config(argparse.Namespace(tiny=False, arch="gpt2"))
+    with torch.device("meta"):
+        model = GPT(c)
+    L, d, V, T = 12, 768, 50304, 1024
+    assert gpt.flops_per_token(model, c) == 6 * (12 * d * d * L + V * d) + 12 * L * d * T  # 854,654,976
+
+
+def test_flops_per_token_counts_an_untied_head_once():
+    c = gpt.config(argparse.Namespace(tiny=True, arch="llama"))
+    with torch.device("meta"):
+        model = GPT(c)
+    head = c.vocab_size * c.n_embd
+    blocks = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("h."))
+    assert "lm_head.weight" in dict(model.named_parameters())
+    assert gpt.flops_per_token(model, c) == 6 * (blocks + head) + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+def test_tiny_run_on_cpu(tmp_path):
+    result = gpt.main(["--out", str(tmp_path), "--tiny", "--device", "cpu", "--backends", "python",
+                       "--variants", "python:eager", "--steps", "2", "--warmup", "1"])
+    runs = result["variants"]
+    assert set(runs) == {"torch.nn:eager", "python:eager"}
+    assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in runs.values())  # no peak known for a CPU
+    assert result["meta"]["flops_per_token"] > 0 and (tmp_path / "gpt.json").exists()
