@@ -258,7 +258,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bfloat16 tensor-core peak of the SXM parts: MFU's denominator
+PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H200": 989.4}  # dense bfloat16 tensor-core peak (SXM parts): MFU's denominator
 
 
 def flops_per_token(model: torch.nn.Module, c: GPTConfig) -> float:

@@ -24,3 +24,22 @@ def test_verified_runs_only_name_existing_kernels():
         for op in op_table.OPS:
             for backend in run["results"].get(op, {}):
                 assert op_table.exports(backend, op), f"{name} run claims {backend}/{op}, which has no kernel"
+
+
+def test_a_partial_run_replaces_only_its_ops(tmp_path, monkeypatch):
+    import json
+    verified = tmp_path / "verified.json"
+    full = {"meta": {"device": "NVIDIA H200", "date": "d0"},
+            "results": {"gemm": {"triton": {"passed": 3, "failed": 0}}, "rope": {"triton": {"passed": 1, "failed": 1}}}}
+    verified.write_text(json.dumps({"H200": full}))
+    monkeypatch.setattr(op_table, "VERIFIED", verified)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"device": "NVIDIA H200", "date": "d1"},
+                               "results": {"rope": {"triton": {"passed": 2, "failed": 0}}}}))
+    op_table.record([str(run)], partial=True)
+    got = json.loads(verified.read_text())["H200"]
+    assert got["results"]["gemm"] == full["results"]["gemm"] and got["meta"]["date"] == "d0"
+    assert got["results"]["rope"] == {"triton": {"passed": 2, "failed": 0}}
+    assert got["partial"] == [{"device": "NVIDIA H200", "date": "d1", "ops": ["rope"]}]
+    op_table.record([str(run)])  # a full run replaces the whole entry
+    assert json.loads(verified.read_text())["H200"]["results"] == {"rope": {"triton": {"passed": 2, "failed": 0}}}

@@ -181,7 +181,7 @@ def call(name: str, *args):
     call than the dispatcher's Python autograd and autocast layers. Anything else (torch.compile
     tracing, fake or meta tensors, a TorchDispatchMode, functorch transforms) goes through
     ``torch.ops.kcourse``, where PyTorch sees the op whole."""
-    if not _eager(()):
+    if _tracing():
         return getattr(ops, name)(*args)
     requires_grad = False
     for a in args:  # one pass: every tensor plain, and does any want a gradient?
@@ -196,12 +196,14 @@ def call(name: str, *args):
     return _run(name, args, requires_grad)
 
 
+def _tracing() -> bool:
+    """torch.compile tracing, or a TorchDispatchMode active."""
+    return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
+
+
 def _eager(args) -> bool:
-    """Plain eager execution: no torch.compile tracing, no dispatch mode, every tensor of ``args``
-    (lists included) plain."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
-        return False
-    return all(_check.plain(t) for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor))
+    """Plain eager execution: not ``_tracing``, every tensor of ``args`` (lists included) plain."""
+    return not _tracing() and all(_check.plain(t) for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor))
 
 
 def _run(name: str, args: tuple, requires_grad: bool):

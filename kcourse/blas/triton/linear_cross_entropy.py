@@ -1,8 +1,8 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py`` (TMA and
 wgmma on Hopper; each chunk's dweight added in the gemm's epilogue), the loss, lse and dlogits by
-``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward, dlogits over the logits),
-dbias by ``gemv.py``.
+``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward,
+dlogits over the logits), dbias by ``gemv.py``.
 """
 from .. import _host
 from .cross_entropy import cross_entropy, cross_entropy_backward
