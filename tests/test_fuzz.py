@@ -160,7 +160,8 @@ def forward_backward(f, inputs, dout_seed=0):
 
 def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True, scale=1.0):
     """``op(*inputs, backend=name)`` against the python reference (other backends) and against
-    ``torch_op`` on the inputs in float64 rounded to the dtype, forward and (finite inputs) gradients."""
+    ``torch_op`` on the inputs in float64 rounded to the dtype, forward and (finite inputs) gradients;
+    ``grad_k``: the gradients' k (default ``k``), or a list of one per differentiable input."""
     grads = grads and finite(*inputs)
     ours = lambda *t: op(*t, backend=name)
     if grads:
@@ -173,17 +174,18 @@ def check(name, op, torch_op, inputs, k=1, grad_k=None, grads=True, scale=1.0):
     else:
         out64, g64 = torch_op(*up), []
     dt = out.dtype
+    ks = grad_k if isinstance(grad_k, (list, tuple)) else [grad_k or k] * len(g)
     if name != "python":
         if grads:
             ref, g_ref = forward_backward(lambda *t: op(*t, backend="python"), inputs)
         else:
             ref, g_ref = op(*inputs, backend="python"), []
         close(out, ref, k, scale)
-        for a, e in zip(g, g_ref):
-            close(a, e, grad_k or k, scale)
+        for a, e, k_ in zip(g, g_ref, ks):
+            close(a, e, k_, scale)
     close(out, out64.to(dt), k, scale)
-    for a, e in zip(g, g64):
-        close(a, e.to(a.dtype), grad_k or k, scale)
+    for a, e, k_ in zip(g, g64, ks):
+        close(a, e.to(a.dtype), k_, scale)
     return out
 
 
@@ -384,9 +386,13 @@ def test_linear_cross_entropy(name, data):
     # the logits rounded to the dtype, as the op (and a Linear layer) writes them
     ref = lambda x, w, b: _cross_entropy_by_formula(F.linear(x, w, b).to(dt).double(), target, -100, reduction)
     saved = _host.CHUNKS, _host.MIN_CHUNK_LOGITS
-    _host.CHUNKS, _host.MIN_CHUNK_LOGITS = data.draw(st.integers(1, max(N, 1))), 1
-    try:  # the loss sums K products per logit and V logits per row (N rows for a sum); dweight N rows
-        check(name, f, ref, [x, weight, bias], k=(K + V) * (N if reduction == "sum" else 1), grad_k=max(N, V) + K)
+    _host.CHUNKS, _host.MIN_CHUNK_LOGITS = data.draw(st.integers(1, min(max(N, 1), saved[0]))), 1  # as many as in use
+    chunks = -(-N // _host.chunk_rows(N, V)) if N and name != "python" else 1
+    try:  # the loss sums K products per logit and V logits per row (N rows for a sum); dx and dweight
+        # max(N, V) + K terms; dweight and dbias are rounded to their dtype once per chunk (noise ~ sqrt(chunks))
+        g = max(N, V) + K
+        check(name, f, ref, [x, weight, bias], k=(K + V) * (N if reduction == "sum" else 1),
+              grad_k=[g, g * chunks, g * chunks])
     finally:
         _host.CHUNKS, _host.MIN_CHUNK_LOGITS = saved
 
