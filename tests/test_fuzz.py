@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kcourse import blas
+from kcourse.backend import OPS, has_kernel
 from kcourse.blas import _host
 from _util import DEVICE, TOL, require_backend
 
@@ -61,9 +62,14 @@ def random_autotune_configs(monkeypatch) -> None:
 
 
 def fuzz(test):
-    """``test(name, data)`` run for each backend with that backend's example budget."""
+    """``test(name, data)`` run for each backend with that backend's example budget (skipped on a
+    backend without a kernel for the op the test is named after)."""
+    op = test.__name__.removeprefix("test_")
+
     def run(name, monkeypatch):
         require_backend(name)
+        if op in OPS and not has_kernel(name, op):
+            pytest.skip(f"{name} backend: no kernel yet for {op}")
         if LARGE and name == "triton" and DEVICE == "cuda":
             random_autotune_configs(monkeypatch)
         settings_ = settings(max_examples=budget(name), deadline=None, derandomize=not LARGE, database=None,
@@ -416,30 +422,48 @@ def test_rms_norm(name, data):
     _norm(name, data, "rms_norm")
 
 
-def _norm(name, data, op):
+@fuzz
+def test_add_layer_norm(name, data):
+    _norm(name, data, "layer_norm", add=True)
+
+
+@fuzz
+def test_add_rms_norm(name, data):
+    _norm(name, data, "rms_norm", add=True)
+
+
+def _norm(name, data, op, add=False):
+    """``op`` (``add``: ``add_<op>``, its ``(y, h)`` checked as one tensor, both outputs' gradients)."""
     dt = dtype(data, name)
     shape = sizes(data, name, 3)
     D = shape[-1]
     eps = data.draw(st.sampled_from([1e-5, 1e-6, 0.1]))
     x = tensor(data, shape, dt, scale=data.draw(st.sampled_from([1.0, 10.0])))
+    residual = tensor(data, shape, dt) if add else None
     weight = tensor(data, [D], dt) if data.draw(st.booleans()) else None
+    bias = tensor(data, [D], dt) if op == "layer_norm" and data.draw(st.booleans()) else None
     rows = x.numel() // max(D, 1)
     # y and dx are rounding errors of terms of x's size times the row's 1/sigma (rstd): a row of
     # nearly equal values amplifies them, as it amplifies any change of x
-    x64 = x.double()
-    var = x64.var(-1, unbiased=False) if op == "layer_norm" else x64.square().mean(-1)
+    h64 = x.double() if residual is None else x.double() + residual.double()
+    var = h64.var(-1, unbiased=False) if op == "layer_norm" else h64.square().mean(-1)
     scale = max(1.0, float((var + eps).rsqrt().max())) if rows and D else 1.0
     cpu = lambda t: None if t is None else t.cpu()  # the float64 torch reference on the CPU: CUDA's
     # native_layer_norm_backward gives weight and bias gradients of shape (0,) for 0 rows
     if op == "layer_norm":
-        bias = tensor(data, [D], dt) if data.draw(st.booleans()) else None
-        f = lambda x, w, b, backend: blas.layer_norm(x, w, b, eps, backend=backend)
-        ref = lambda x, w, b: F.layer_norm(x.cpu(), (D,), cpu(w), cpu(b), eps).to(x.device)
-        check(name, f, ref, [x, weight, bias], k=1, grad_k=max(rows, D), scale=scale)
+        norm = lambda h, w, b: F.layer_norm(h.cpu(), (D,), cpu(w), cpu(b), eps).to(h.device)
     else:
-        f = lambda x, w, backend: blas.rms_norm(x, w, eps, backend=backend)
-        ref = lambda x, w: F.rms_norm(x.cpu(), (D,), cpu(w), eps).to(x.device)
-        check(name, f, ref, [x, weight], k=1, grad_k=max(rows, D), scale=scale)
+        norm = lambda h, w, b: F.rms_norm(h.cpu(), (D,), cpu(w), eps).to(h.device)
+    if not add:
+        f = lambda x, w, b, backend: getattr(blas, op)(x, w, *([b] if op == "layer_norm" else []), eps,
+                                                       backend=backend)
+        check(name, f, norm, [x, weight, bias], k=1, grad_k=max(rows, D), scale=scale)
+        return
+    both = lambda y, h: torch.cat([y.reshape(-1), h.reshape(-1)])
+    ref = lambda x, r, w, b: both(norm(x + r, w, b), x + r)
+    f = lambda x, r, w, b, backend: both(*getattr(blas, "add_" + op)(
+        x, r, w, *([b] if op == "layer_norm" else []), eps, backend=backend))
+    check(name, f, ref, [x, residual, weight, bias], k=2, grad_k=max(rows, D), scale=scale)
 
 
 @fuzz
