@@ -445,7 +445,7 @@ def _norm(name, data, op, add=False):
     rows = x.numel() // max(D, 1)
     # y and dx are rounding errors of terms of x's size times the row's 1/sigma (rstd): a row of
     # nearly equal values amplifies them, as it amplifies any change of x
-    h64 = x.double() if residual is None else x.double() + residual.double()
+    h64 = x.double() if residual is None else (x + residual).double()
     var = h64.var(-1, unbiased=False) if op == "layer_norm" else h64.square().mean(-1)
     scale = max(1.0, float((var + eps).rsqrt().max())) if rows and D else 1.0
     cpu = lambda t: None if t is None else t.cpu()  # the float64 torch reference on the CPU: CUDA's
@@ -460,7 +460,8 @@ def _norm(name, data, op, add=False):
         check(name, f, norm, [x, weight, bias], k=1, grad_k=max(rows, D), scale=scale)
         return
     both = lambda y, h: torch.cat([y.reshape(-1), h.reshape(-1)])
-    ref = lambda x, r, w, b: both(norm(x + r, w, b), x + r)
+    # y normalizes h as the op stores it, rounded to the dtype (D = 2 rows amplify that rounding ~1/sqrt(eps))
+    ref = lambda x, r, w, b: both(norm((x + r).to(dt).to(x.dtype), w, b), x + r)
     f = lambda x, r, w, b, backend: both(*getattr(blas, "add_" + op)(
         x, r, w, *([b] if op == "layer_norm" else []), eps, backend=backend))
     check(name, f, ref, [x, residual, weight, bias], k=2, grad_k=max(rows, D), scale=scale)
