@@ -88,6 +88,21 @@ def test_weight_bias_none(backend, affine):
     check(backend, *inputs((7, 33), affine=affine))
 
 
+@pytest.mark.parametrize("D, affine", [(1, (False, True))] + [(D, a) for D in (2, 33) for a in AFFINE[:3]])
+def test_many_rows(backend, D, affine):
+    # more than 65536 rows take CUDA's two-pass column sums, which for a bias without a weight gave
+    # dbias of shape (0,) (D = 2) or wrong values (D = 1) through ATen's backward (D = 1 has y = 0,
+    # its rounding amplified by 1/sqrt(eps): the bias's case only)
+    if backend == "triton" and not torch.cuda.is_available():
+        pytest.skip("66k rows through the triton interpreter: minutes")
+    x, weight, bias, dy = inputs((65984, D), torch.float32, affine=affine)
+    x = 0.3 * x + 3 * torch.arange(D, device=x.device)  # rows far from constant (a small 1/sigma)
+    got = run(kcourse_ln(backend), x, weight, bias, dy)
+    if bias is not None:
+        assert_close(got[3], dy.double().sum(0).float(), k=65984)
+    assert_results(got, run(kcourse_ln("python"), x, weight, bias, dy), 65984)
+
+
 @pytest.mark.parametrize("shape", [(7, 33), (3, 5, 100)])
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
