@@ -26,9 +26,11 @@ GRAD_K = 16
 
 def heads(B, H, T, D, dtype=torch.float32, layout="contiguous"):
     """A (B, H, T, D) tensor; layout "bthd": a view of a (B, T, H, D) tensor, the layout a projection
-    produces; else a layout of _util.randn."""
+    produces; "sliced": a window of a larger tensor; else a layout of _util.randn."""
     if layout == "bthd":
         return torch.randn(B, T, H, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+    if layout == "sliced":  # an odd element offset and row stride: SDPA's 16-byte loads would be misaligned
+        return torch.randn(B + 1, H + 1, T + 1, D + 1, dtype=dtype, device=DEVICE)[1:, 1:, 1:, 1:]
     return randn(B, H, T, D, dtype=dtype, layout=layout)
 
 
@@ -86,7 +88,7 @@ def test_attention(backend, dtype, shape, causal):
     assert all(torch.equal(t, t0) for t, t0 in zip((q, k, v), inputs))
 
 
-@pytest.mark.parametrize("layout", ["bthd", "transposed", "strided"])
+@pytest.mark.parametrize("layout", ["bthd", "transposed", "strided", "sliced"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_layouts(backend, dtype, layout):
     q, k, v = qkv(1, 4, 2, 37, 37, 32, dtype, layout)

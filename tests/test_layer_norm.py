@@ -90,7 +90,7 @@ def test_weight_bias_none(backend, affine):
 
 @pytest.mark.parametrize("D, affine", [(1, (False, True))] + [(D, a) for D in (2, 33) for a in AFFINE[:3]])
 def test_many_rows(backend, D, affine):
-    # more than 65536 rows take CUDA's two-pass column sums, which for a bias without a weight gave
+    # more than 65536 rows take CUDA's two-pass column sums, which for dbias without dweight gave a
     # dbias of shape (0,) (D = 2) or wrong values (D = 1) through ATen's backward (D = 1 has y = 0,
     # its rounding amplified by 1/sqrt(eps): the bias's case only)
     if backend == "triton" and not torch.cuda.is_available():
@@ -101,6 +101,12 @@ def test_many_rows(backend, D, affine):
     if bias is not None:
         assert_close(got[3], dy.double().sum(0).float(), k=65984)
     assert_results(got, run(kcourse_ln("python"), x, weight, bias, dy), 65984)
+    if weight is not None and bias is not None:  # a frozen weight: dbias alone (the same ATen path)
+        cache = resolve("layer_norm", backend)[1](x, weight, bias, eps=1e-5)[1]
+        dx, dweight, dbias = backward_kernel(backend, "layer_norm")(dy, cache, (True, False, True), eps=1e-5)
+        assert dweight is None
+        assert_close(dbias, got[3], k=65984)
+        assert_close(dx, got[1])
 
 
 @pytest.mark.parametrize("shape", [(7, 33), (3, 5, 100)])

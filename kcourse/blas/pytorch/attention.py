@@ -25,7 +25,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or on CUDA a fresh contiguous copy where SDPA's fused kernels would read it misaligned:
+    they load 16 bytes at a time, and torch 2.11 checks neither the data pointer nor the strides
+    (a view at an odd element offset, such as ``buf[1:, 1:]``, ends in a CUDA misaligned-address
+    error). Views made by splitting heads or a fused qkv projection stay as they are."""
+    size = t.element_size()
+    if t.device.type != "cuda" or t.numel() == 0 or (
+            t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+            and all(s * size % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _sdpa(q, k, v, causal, scale):
+    q, k, v = (aligned(t) for t in (q, k, v))
     mask = None
     if causal and scale <= 0:  # SDPA's is_causal path scales its -inf mask: NaN at scale 0 (0 * -inf), and a
         # negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
@@ -55,5 +69,5 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
             torch.enable_grad():
         inputs = [t.detach().requires_grad_(n) for t, n in zip(cache, needs)]
         wanted = [t for t in inputs if t.requires_grad]
-        grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, dout))
+        grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, aligned(dout)))
     return tuple(next(grads) if n else None for n in needs)

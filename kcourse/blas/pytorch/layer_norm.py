@@ -28,8 +28,10 @@ def layer_norm_backward(dout, cache, needs, eps):
     xa, dya, wa = aten_ready(x, dout, weight)
     # the kernel reads bias only for dbias's shape and dtype, and the cache holds no bias
     bias = x.new_empty(x.shape[-1:], dtype=xa.dtype) if needs[2] else None
-    if bias is not None and wa is None:  # CUDA's kernel needs a weight for dbias past 65536 rows
-        wa = xa.new_ones(x.shape[-1:])   # (torch 2.11: dbias of shape (0,), or wrong values)
+    mask = list(needs)
+    if needs[2] and not needs[1]:  # CUDA's column sums past 65536 rows (torch 2.11) give dbias of shape (0,)
+        mask[1] = True             # or wrong values unless dweight is computed too (of a ones weight if None)
+        wa = xa.new_ones(x.shape[-1:]) if wa is None else wa
     grads = torch.ops.aten.native_layer_norm_backward(
-        dya, xa, x.shape[-1:], mean.reshape(stat_shape(x)), rstd.reshape(stat_shape(x)), wa, bias, list(needs))
-    return tuple(None if g is None else g.to(x.dtype) for g in grads)
+        dya, xa, x.shape[-1:], mean.reshape(stat_shape(x)), rstd.reshape(stat_shape(x)), wa, bias, mask)
+    return tuple(None if g is None or not need else g.to(x.dtype) for g, need in zip(grads, needs))
