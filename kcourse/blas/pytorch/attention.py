@@ -44,9 +44,9 @@ def _sdpa(q, k, v, causal, scale):
     if causal and scale <= 0:  # SDPA's is_causal path scales its -inf mask: NaN at scale 0 (0 * -inf), and a
         # negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
         mask, causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(), False
-    # scale 0 (every score 0: the mean of the visible values): SDPA's fused CUDA kernels give NaN
-    # (torch 2.11), its math backend the mean
-    with sdpa_kernel(SDPA_BACKENDS if scale != 0 else [SDPBackend.MATH]):
+    # a scale of 0 (every score 0: the mean of the visible values) or below: SDPA's fused CUDA kernels
+    # give NaN rows in float16 (torch 2.11), its math backend the formula's answer
+    with sdpa_kernel(SDPA_BACKENDS if scale > 0 else [SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
 
 
