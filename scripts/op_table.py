@@ -70,7 +70,7 @@ def record(run_paths: list[str], partial: bool = False) -> None:
         entry.setdefault("partial", []).append({**run["meta"], "ops": sorted(run["results"])})
         VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
         return
-    if "fuzz" in verified.get(device, {}):  # the large fuzz budget's run (tests/test_fuzz.py), kept
+    if "fuzz" in verified.get(device, {}):  # the large fuzz budget's runs (tests/test_fuzz.py), kept
         run["fuzz"] = verified[device]["fuzz"]
     verified[device] = run
     VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
@@ -95,9 +95,11 @@ def table() -> str:
                      for name, run in sorted(verified.items()))
     lines.append("")
     lines.append(f"Verified runs: {runs or 'none recorded'}.")
-    fuzzed = "; ".join(f"{name}: {run['fuzz']['examples']} examples per op on {', '.join(run['fuzz']['backends'])}, "
-                       f"{run['fuzz']['mismatches']} mismatches ({run['fuzz']['date']}, {run['fuzz']['commit']})"
-                       for name, run in sorted(verified.items()) if "fuzz" in run)
+    fuzzed = "; ".join(f"{name}: " + ", ".join(
+        f"{f['examples']} examples per op on {', '.join(f['backends'])}"
+        + (f" ({', '.join(f['ops'])})" if f.get("some_ops") else "")
+        + f", {f['mismatches']} mismatches ({f['date']}, {f['commit']})" for f in run["fuzz"])
+        for name, run in sorted(verified.items()) if "fuzz" in run)
     if fuzzed:
         lines.append(f"Property fuzzing (tests/test_fuzz.py, KCOURSE_FUZZ_EXAMPLES): {fuzzed}.")
     return "\n".join(lines)
