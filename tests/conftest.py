@@ -183,3 +183,28 @@ def pytest_sessionfinish(session, exitstatus):
         pass
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": _record}, f, indent=1, sort_keys=True)
+
+
+@pytest.fixture
+def triton_tma(monkeypatch):
+    """Records each gemm the triton backend sends to its Hopper kernel (test_gemm, test_linear). On an
+    sm_90 GPU the kernel is tuned over two configs only (a 128 x 256 and a 128 x 64 tile: both tile
+    paths, and the tuning runs of an in-place product, for few compiles); without a GPU the
+    dispatcher's device check is bypassed, so the kernel runs through Triton's interpreter."""
+    require_backend("triton")
+    from kcourse.blas.triton import _gemm_tma, gemm as triton_gemm
+
+    if DEVICE == "cuda":
+        if torch.cuda.get_device_capability()[0] != 9:
+            pytest.skip("the triton Hopper gemm runs on sm_90 GPUs only")
+        monkeypatch.setattr(_gemm_tma, "tuned", _gemm_tma.autotuned([_gemm_tma.CONFIGS[0], _gemm_tma.CONFIGS[-1]]))
+    else:
+        monkeypatch.setattr(triton_gemm, "tma_plan", _gemm_tma.tma_layouts)
+    calls = []
+
+    def recorded(*args):
+        calls.append(args[6])  # the plan
+        return _gemm_tma.gemm_tma(*args)
+
+    monkeypatch.setattr(triton_gemm, "gemm_tma", recorded)
+    return calls

@@ -403,6 +403,25 @@ def test_linear_cross_entropy(name, data):
         _host.CHUNKS, _host.MIN_CHUNK_LOGITS = saved
 
 
+@fuzz
+def test_linear(name, data):
+    """act(F.linear) in float64, finite inputs (the activations' non-finite rules: test_activations)."""
+    dt = dtype(data, name)
+    lead = sizes(data, name, 2)[:data.draw(st.integers(0, 1))]  # x (K,), (M, K) or (B, M, K)
+    K, N = size(data, name), size(data, name)
+    activation = data.draw(st.sampled_from([None, "gelu", "gelu_tanh", "relu", "silu"]))
+    x, weight = tensor(data, [*lead, K], dt), tensor(data, [N, K], dt)
+    bias = tensor(data, [N], dt) if data.draw(st.booleans()) else None
+    act = {None: lambda z: z, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+           "relu": F.relu, "silu": F.silu}[activation]
+    f = lambda x, w, b, backend: blas.linear(x, w, b, activation, backend=backend)
+    # the gradients sum N (dx) or M (dweight, dbias) terms of dz = dy act'(z), which is rounded once
+    # (as torch's unfused backward rounds it) and carries z's error (a sum of K terms) through act'
+    rows = math.prod(lead)
+    check(name, f, lambda x, w, b: act(F.linear(x, w, b)), [x, weight, bias], k=K,
+          grad_k=[4 * (N + K), 4 * (rows + K), 4 * (rows + K)])
+
+
 def _cross_entropy_by_formula(x, target, ignore_index, reduction):
     valid = target != ignore_index
     picked = x.gather(1, torch.where(valid, target, 0)[:, None])[:, 0]

@@ -75,6 +75,7 @@ def _forward_args(op, backend, grad=True):
         "softmax": [(t(3, 5), 1)],
         "log_softmax": [(t(2, 3, 5), 1)],
         "cross_entropy": [(t(4, 7), target, -100, "mean"), (t(4, 7), target, -100, "none")],
+        "linear": [(t(2, 3, 5), t(7, 5), t(7), "gelu_tanh"), (t(4, 5), t(7, 5), None, "none")],
         "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad, False),  # gradients ahead
                                  (t(4, 5), t(7, 5), target, None, -100, "none", False, True)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
@@ -287,6 +288,8 @@ OP_BAD = {
     "dot": (lambda t, b: (t(3), t(4), b), lambda t, b: blas.dot(t(3), t(4), backend=b)),
     "axpby": (lambda t, b: (t(3), t(4), 1.0, 1.0, b), lambda t, b: blas.axpby(t(3), t(4), backend=b)),
     "softmax": (lambda t, b: (t(3, 4), 5, b), lambda t, b: blas.softmax(t(3, 4), 5, backend=b)),
+    "linear": (lambda t, b: (t(3, 4), t(5, 6), None, "relu", b), lambda t, b: blas.linear(t(3, 4), t(5, 6), None,
+                                                                                         "relu", backend=b)),
     "layer_norm": (lambda t, b: (t(3, 8), t(7), None, 1e-5, b),
                    lambda t, b: blas.layer_norm(t(3, 8), t(7), backend=b)),
     "add_rms_norm": (lambda t, b: (t(3, 8), t(3, 7), None, 1e-6, b),
@@ -319,6 +322,7 @@ def _primitive_call(op):
         "softmax": ((t(3, 5),), lambda b, x: blas.softmax(x, backend=b)),
         "log_softmax": ((t(3, 5),), lambda b, x: blas.log_softmax(x, backend=b)),
         "cross_entropy": ((t(3, 7),), lambda b, x: blas.cross_entropy(x, target, reduction="none", backend=b)),
+        "linear": ((t(2, 3, 4), t(7, 4), t(7)), lambda b, x, w, bi: blas.linear(x, w, bi, "silu", backend=b)),
         "linear_cross_entropy": ((t(3, 4), t(7, 4), t(7)), lambda b, x, w, bi: blas.linear_cross_entropy(
             x, w, target, bi, reduction="none", backend=b)),
         "layer_norm": ((t(3, 8), t(8), t(8)), lambda b, x, w, bi: blas.layer_norm(x, w, bi, backend=b)),

@@ -23,7 +23,7 @@ __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
            "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
            "swiglu", "embedding", "rope", "attention", "add_layer_norm", "add_rms_norm",
-           "linear_cross_entropy"]
+           "linear", "linear_cross_entropy"]
 
 
 _VALID: dict = {}  # (check, the arguments' signature) -> what the check returned
@@ -266,6 +266,17 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, backend=None):
     x, residual, weight = autocast_inputs("add_rms_norm", x, residual, weight)
     p = _validated(_check.check_add_rms_norm, name, x, residual, weight, eps)
     return tuple(call("add_rms_norm", x, residual, weight, p["eps"], name)[:2])
+
+
+def linear(x, weight, bias=None, activation=None, backend=None):
+    """``act(x @ weight.T + bias)`` for x ``(..., K)`` and weight ``(N, K)`` (torch.nn.Linear's layout), bias
+    ``(N,)`` or None; ``activation`` None, "gelu", "gelu_tanh", "relu" or "silu", applied to the float32
+    product (the triton kernels do it in the gemm's epilogue). Output ``(..., N)`` in x's dtype."""
+    name = backend_for("linear", backend)
+    x, weight, bias = autocast_inputs("linear", x, weight, bias)
+    activation = "none" if activation is None else activation
+    p = _validated(_check.check_linear, name, x, weight, bias, activation)
+    return call("linear", x, weight, bias, p["activation"], name)[0]
 
 
 def linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean", backend=None):

@@ -461,6 +461,30 @@ def check_linear_cross_entropy(backend, x, weight, target, bias, ignore_index, r
     return {"ignore_index": ignore_index, "reduction": reduction}
 
 
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu", "silu")
+
+
+def check_linear(backend, x, weight, bias, activation):
+    op = "linear"
+    tensor(op, "x", x)
+    tensor(op, "weight", weight, (2,))
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{op}: x is {shape(x)} and weight is {shape(weight)}; weight must be "
+                         f"(N, {x.shape[-1]}), one row of x's last dimension per output (torch.nn.Linear's layout)")
+    if bias is not None:
+        tensor(op, "bias", bias, (1,))
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"{op}: weight is {shape(weight)} and bias is {shape(bias)}; bias must be "
+                             f"({weight.shape[0]},), one per output")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {', '.join(map(repr, ACTIVATIONS))} (or None), "
+                         f"got {activation!r}")
+    same_kind(op, backend, x=x, weight=weight, bias=bias)
+    return {"activation": activation}
+
+
 def _norm_params(op, backend, x, eps, residual=None, **params):
     """eps, after the checks of a norm of x over its last dim: the (D,) parameters ``params`` (weight, bias;
     None or 1-D of D), and for the fused add + norms a ``residual`` of x's shape; one dtype and device."""

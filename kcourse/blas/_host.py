@@ -18,12 +18,15 @@ the same launch helpers with the same signatures:
   gradient of h computed once for x and residual.
 - ``rope_ops``: the backward is the rotation by ``-theta``.
 - ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
+- ``linear_ops``: a linear layer with its activation over a backend's gemm, gemv and activation
+  kernels, the activation in the gemm's epilogue where the backend's gemm takes one (every backend's).
 - ``linear_cross_entropy_ops``: the LM head and its loss a chunk of rows at a time, over a backend's
   gemm, gemv and cross_entropy kernels (every backend's, the python reference's included).
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -244,6 +247,76 @@ def embedding_ops(*, gather, scatter_add):
 
 CHUNKS = 8  # the rows in about this many chunks: each chunk's logits an eighth of the whole (N, V)
 MIN_CHUNK_LOGITS = 1 << 24  # and at least this many logits per chunk (few, large gemms for small N V)
+
+
+def linear_ops(*, gemm, gemv, activations, epilogue=False):
+    """``(linear, linear_backward)`` of a backend from its own kernels (as ``kcourse.blas.<backend>``
+    exports them): ``gemm``, ``gemv`` and ``activations``, {"gelu": (gelu, gelu_backward), "relu": ...,
+    "silu": ...}. x (..., K) is taken as rows (M, K), weight is (N, K):
+
+        z = x W^T + b         one gemm (the bias as C, beta = 1), accumulated in float32, rounded once
+        y = act(z)            the activation kernel on z; ``epilogue``: the backend's gemm applies it to
+                              the float32 z itself (``gemm(..., activation=, z=)``, storing z rounded too)
+
+    The cache is (x, weight), and z where an activation's backward reads it. Backward, dy as rows (M, N):
+
+        dz = dy act'(z)       the activation's backward kernel (dz = dy without an activation)
+        dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, gemv), each rounded once
+    """
+
+    def act(name):
+        """The activation's forward and backward kernels and their parameters."""
+        forward, backward = activations[name.removesuffix("_tanh")]
+        params = {"approximate": "tanh" if name == "gelu_tanh" else "none"} if name.startswith("gelu") else {}
+        return forward, backward, params
+
+    def as_rows(t):
+        """(..., D) -> (M, D), a view where t's strides allow (K or N may be 0)."""
+        return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+    def linear(x, weight, bias, activation):
+        rows = as_rows(x)  # (M, K)
+        M, N = rows.shape[0], weight.shape[0]
+        C, beta = (None, 0.0) if bias is None else (bias.expand(M, N), 1.0)
+        z = x.new_empty(M, N)
+        y = x.new_empty(M, N) if epilogue and activation != "none" else None
+        if z.numel():
+            if y is not None:
+                gemm(rows, weight.mT, C, 1.0, beta, y, activation=activation, z=z)
+            else:
+                gemm(rows, weight.mT, C, 1.0, beta, z)  # (M, K) @ (K, N)
+        if activation == "none":
+            return z.reshape(*x.shape[:-1], N), (x, weight)
+        if y is None:
+            forward, _, params = act(activation)
+            y = forward(z, **params)[0]
+        return y.reshape(*x.shape[:-1], N), (x, weight, z)
+
+    def linear_backward(dout, cache, needs, activation):
+        x, weight, *z = cache
+        (N, K), rows = weight.shape, as_rows(x)
+        M = rows.shape[0]
+        dz = as_rows(dout)  # (M, N)
+        if activation != "none" and dz.numel():
+            _, backward, params = act(activation)
+            dz = backward(dz, (z[0],), (True,), **params)[0]
+        dx = dweight = dbias = None
+        if needs[0]:
+            dx = x.new_empty(M, K)
+            if dx.numel():
+                gemm(dz, weight, None, 1.0, 0.0, dx)  # (M, N) @ (N, K)
+            dx = dx.reshape(x.shape)
+        if needs[1]:
+            dweight = weight.new_zeros(N, K) if M == 0 else weight.new_empty(N, K)
+            if M and dweight.numel():
+                gemm(dz.mT, rows, None, 1.0, 0.0, dweight)  # (N, M) @ (M, K)
+        if needs[2]:
+            dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
+            if M and N:
+                gemv(dz.mT, dz.new_ones(M), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
+        return dx, dweight, dbias
+
+    return linear, linear_backward
 
 
 def chunk_rows(N: int, V: int) -> int:

@@ -56,9 +56,10 @@ _PROMOTE = {"axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "
 AUTOCAST = {
     "cuda": {"gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower", "softmax": "fp32",
              "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
-             "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear_cross_entropy": "lower", **_PROMOTE},
-    "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", "linear_cross_entropy": "lower",
-            **_PROMOTE},  # torch's CPU lists
+             "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear": "lower", "linear_cross_entropy": "lower",
+             **_PROMOTE},
+    "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", "linear": "lower",
+            "linear_cross_entropy": "lower", **_PROMOTE},  # torch's CPU lists
 }
 
 
@@ -684,6 +685,15 @@ def _head_extras(x, weight, target, bias, ignore_index, reduction, grads, float3
     return [x.new_empty(x.shape[:1], dtype=_acc_dtype(x))]
 
 
+def _linear_out(x, weight, bias, activation):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_extras(x, weight, bias, activation):
+    """The pre-activation z = x W^T + b as rows (M, N), where an activation's backward reads it."""
+    return [] if activation == "none" else [x.new_empty((math.prod(x.shape[:-1]), weight.shape[0]))]
+
+
 def _dense_pair(x, *rest, **params):
     """Two contiguous outputs of ``x``'s shape (the fused add + norms' y and h)."""
     return x.new_empty(x.shape), x.new_empty(x.shape)
@@ -713,6 +723,9 @@ PRIMITIVES: dict[str, Primitive] = {
                               lambda b, x, r, w, p: _check.check_add_rms_norm(b, x, r, w, **p),
                               _dense_pair, saved=("h", "weight"), extras=_row_stats(1),
                               grads=("dout", "dout", "row"), outs=("y", "h"), tied=((1, 0),)),
+    "linear": Primitive("Tensor x, Tensor weight, Tensor? bias", "str activation",
+                        lambda b, x, w, bi, p: _check.check_linear(b, x, w, bi, p["activation"]), _linear_out,
+                        saved=("x", "weight"), extras=_linear_extras, grads=("x", "weight", "row")),
     "linear_cross_entropy": Primitive("Tensor x, Tensor weight, Tensor target, Tensor? bias",
                                       "int ignore_index, str reduction, bool grads, bool float32_loss",
                                       lambda b, x, w, t, bi, p: _check.check_linear_cross_entropy(

@@ -59,6 +59,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
 from ._launch import INTERPRET, autotune, is_hopper, launch_tuned
+from ._pointwise import activate
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
@@ -82,6 +83,8 @@ def _set_block_shapes(nargs):
     nargs["a_desc"].block_shape = lead(nargs["A_BATCHED"]) + ([bm, bk] if nargs["A_KMAJOR"] else [bk, bm])
     nargs["b_desc"].block_shape = lead(nargs["B_BATCHED"]) + ([bn, bk] if nargs["B_KMAJOR"] else [bk, bn])
     nargs["out_desc"].block_shape = lead(nargs["OUT_BATCHED"]) + [bm, bn // 2 if nargs["SUBTILE"] else bn]
+    if nargs["z_desc"] is not None:
+        nargs["z_desc"].block_shape = nargs["out_desc"].block_shape
 
 
 if INTERPRET:  # only tests run this kernel under the interpreter (gemm.py never picks it there)
@@ -141,29 +144,38 @@ def _load_tile(desc, z, r, c, R: tl.constexpr, C: tl.constexpr, TRANSPOSED: tl.c
 
 
 @triton.jit
-def _store_part(out_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BATCHED: tl.constexpr):
-    """out[z, m0:, n0:] <- alpha * acc + beta * C for one (BLOCK_M, BLOCK_N) accumulator; TMA drops
-    what lies past M and N."""
+def _store_tile(desc, tile, z, m0, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BATCHED: tl.constexpr):
+    """desc[z, m0:, n0:] <- the float32 tile, rounded to desc's dtype; TMA drops what lies past M and N."""
+    tile = tile.to(desc.dtype)
+    if OUT_BATCHED:
+        desc.store([z, m0, n0], tl.reshape(tile, (1, BLOCK_M, BLOCK_N)))
+    else:
+        desc.store([m0, n0], tile)
+
+
+@triton.jit
+def _store_part(out_desc, z_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
+                ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BATCHED: tl.constexpr):
+    """out[z, m0:, n0:] <- act(alpha * acc + beta * C) for one (BLOCK_M, BLOCK_N) accumulator, and
+    the pre-activation into z_desc's tensor unless it is None."""
     rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     out = scale_and_add(acc, alpha, beta, C_ptr, z.to(tl.int64), rows, cols, stride_cz, stride_cm, stride_cn, mask)
-    out = out.to(out_desc.dtype)
-    if OUT_BATCHED:
-        out_desc.store([z, m0, n0], tl.reshape(out, (1, BLOCK_M, BLOCK_N)))
-    else:
-        out_desc.store([m0, n0], out)
+    if z_desc is not None:
+        _store_tile(z_desc, out, z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
+    _store_tile(out_desc, activate(out, ACTIVATION), z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
 
 
 @triton.jit
-def gemm_tma_kernel(a_desc, b_desc, out_desc, C_ptr, M, N, K, Z, k_split, stride_cz, stride_cm, stride_cn,
-                    alpha, beta, A_KMAJOR: tl.constexpr, A_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
-                    B_BATCHED: tl.constexpr, OUT_BATCHED: tl.constexpr, SPLIT: tl.constexpr, NUM_SMS: tl.constexpr,
+def gemm_tma_kernel(a_desc, b_desc, out_desc, z_desc, C_ptr, M, N, K, Z, k_split, stride_cz, stride_cm, stride_cn,
+                    alpha, beta, ACTIVATION: tl.constexpr, A_KMAJOR: tl.constexpr, A_BATCHED: tl.constexpr,
+                    B_KMAJOR: tl.constexpr, B_BATCHED: tl.constexpr, OUT_BATCHED: tl.constexpr, SPLIT: tl.constexpr,
+                    NUM_SMS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     # A: (Z?, M, K) [(Z?, K, M) when not A_KMAJOR]; B: (Z?, K, N) [(Z?, N, K) when B_KMAJOR];
-    # out: (Z?, M, N); C: (Z, M, N) or None. Z is the batch, or with SPLIT the number of k ranges
+    # out: (Z?, M, N), z_desc: None or out's twin (the pre-activation); C: (Z, M, N) or None. Z is the batch, or with SPLIT the number of k ranges
     # (A and B are then 2-D, out is the (Z, M, N) float32 partial sums and C is None).
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(k_split, BLOCK_K)  # the same for every tile: the fused loop needs that
@@ -189,19 +201,20 @@ def gemm_tma_kernel(a_desc, b_desc, out_desc, C_ptr, M, N, K, Z, k_split, stride
         m0, n0 = tile_m * BLOCK_M, tile_n * BLOCK_N
         if SUBTILE:  # two (BM, BN / 2) halves: half the shared-memory staging buffer
             left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            _store_part(out_desc, left, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
-                        BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
-            _store_part(out_desc, right, C_ptr, z, m0, n0 + BLOCK_N // 2, M, N, stride_cz, stride_cm, stride_cn,
-                        alpha, beta, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
+            _store_part(out_desc, z_desc, left, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha,
+                        beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
+            _store_part(out_desc, z_desc, right, C_ptr, z, m0, n0 + BLOCK_N // 2, M, N, stride_cz, stride_cm,
+                        stride_cn, alpha, beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
         else:
-            _store_part(out_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
-                        BLOCK_M, BLOCK_N, OUT_BATCHED)
+            _store_part(out_desc, z_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
+                        ACTIVATION, BLOCK_M, BLOCK_N, OUT_BATCHED)
 
 
 @triton.jit
-def splitk_sum_kernel(partial_ptr, C_ptr, out_ptr, M, N, S, stride_cm, stride_cn, stride_om, stride_on,
-                      alpha, beta, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # partial: (S, M, N) float32, contiguous; C, out: (M, N), any strides; C_ptr is None when beta == 0
+def splitk_sum_kernel(partial_ptr, C_ptr, out_ptr, Z_ptr, M, N, S, stride_cm, stride_cn, stride_om, stride_on,
+                      alpha, beta, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # partial: (S, M, N) float32, contiguous; C, out: (M, N), any strides; C_ptr is None when beta == 0;
+    # Z: None or (M, N) with out's strides (the pre-activation)
     tiles_n = tl.cdiv(N, BLOCK_N)
     rows = (tl.program_id(0) // tiles_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     cols = (tl.program_id(0) % tiles_n).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
@@ -213,8 +226,10 @@ def splitk_sum_kernel(partial_ptr, C_ptr, out_ptr, M, N, S, stride_cm, stride_cn
         acc += tl.load(ptrs, mask=mask, other=0.0)
         ptrs += plane
     out = scale_and_add(acc, alpha, beta, C_ptr, 0, rows, cols, 0, stride_cm, stride_cn, mask)
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    offsets = rows[:, None] * stride_om + cols[None, :] * stride_on
+    if Z_ptr is not None:
+        tl.store(Z_ptr + offsets, out.to(Z_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, activate(out, ACTIVATION).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 TUNE_WARMUP_MS, TUNE_REP_MS = 25, 100  # the autotuner's timing of each config (Triton's defaults)
@@ -320,32 +335,35 @@ def _descriptor(x, batched):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1] * x.dim())
 
 
-def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split):
+def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None):
     a_kmajor, a_batched, b_kmajor, b_batched = plan
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
     sms = num_sms(A.device)
     grid = lambda meta: (min(sms, Z * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
     # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
-    key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype)
+    key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None)
     launch_tuned(tuned, grid, key, _descriptor(A if a_kmajor else A.mT, a_batched),
-                 _descriptor(B.mT if b_kmajor else B, b_batched), _descriptor(out, Z > 1), C, M, N, K, Z, k_split,
-                 *(C.stride() if C is not None else (0, 0, 0)), alpha, beta, A_KMAJOR=a_kmajor, A_BATCHED=a_batched,
+                 _descriptor(B.mT if b_kmajor else B, b_batched), _descriptor(out, Z > 1),
+                 None if z is None else _descriptor(z, Z > 1), C, M, N, K, Z, k_split,
+                 *(C.stride() if C is not None else (0, 0, 0)), alpha, beta, ACTIVATION=activation,
+                 A_KMAJOR=a_kmajor, A_BATCHED=a_batched,
                  B_KMAJOR=b_kmajor, B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
 
 
-def gemm_tma(A, B, C, alpha, beta, out, plan):
+def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None):
     """``out <- alpha * A B + beta * C`` for the (batch, m, k) A, (batch, k, n) B, (batch, m, n) C
-    (None when beta == 0) and out, with ``plan = tma_plan(A, B, out)``. Returns ``out``."""
+    (None when beta == 0) and out, with ``plan = tma_plan(A, B, out)``; with an ``activation``, act of
+    that into out and the pre-activation into ``z`` (as ``gemm.gemm``). Returns ``out``."""
     batch, M, K = A.shape
     N = B.shape[2]
     splits, k_split = split_k(batch, M, N, K, num_sms(A.device))
     if splits == 1:
-        _launch(A, B, C, alpha, beta, out, plan, batch, K, False)
+        _launch(A, B, C, alpha, beta, out, plan, batch, K, False, activation, z)
         return out
     partial = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)  # (S, M, N)
     _launch(A, B, None, 1.0, 0.0, partial, plan, splits, k_split, True)
     grid = (triton.cdiv(M, SUM_BLOCK_M) * triton.cdiv(N, SUM_BLOCK_N),)
-    splitk_sum_kernel[grid](partial, None if C is None else C[0], out[0], M, N, splits,
+    splitk_sum_kernel[grid](partial, None if C is None else C[0], out[0], None if z is None else z[0], M, N, splits,
                             *(C.stride()[1:] if C is not None else (0, 0)), *out.stride()[1:], alpha, beta,
-                            BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+                            ACTIVATION=activation, BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N, num_warps=4)
     return out

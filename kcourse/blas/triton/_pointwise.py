@@ -3,9 +3,12 @@
 Each is an elementwise kernel over same-shape tensors of any strides, launched through
 ``_launch.launch_elementwise`` (n-D strided indexing, int64 flat indices): ``load`` reads an
 operand at the flat indices ``i`` and upcasts it to float32 (before any arithmetic: the bf16 trap
-of the interpreter), ``store`` rounds a float32 result once to the target's dtype.
+of the interpreter), ``store`` rounds a float32 result once to the target's dtype. ``activate`` is
+each activation's forward formula, written once for these kernels and the gemm's epilogue.
 """
 from __future__ import annotations
+
+import math
 
 import triton
 import triton.language as tl
@@ -29,6 +32,31 @@ def store(ptr, i, mask, shape, strides, value):
 def sigmoid(x):
     e = tl.exp(-tl.abs(x))  # in (0, 1]: cannot overflow
     return tl.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
+SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2 / math.pi))
+RSQRT_2 = tl.constexpr(1 / math.sqrt(2))
+COEF = tl.constexpr(0.044715)
+# The constants multiply from the right: in Triton 3.9's interpreter, `constexpr * tensor` gives a
+# value that tl.exp and tl.abs reject.
+
+
+@triton.jit
+def activate(x, NAME: tl.constexpr):
+    """``NAME``(x) of a float32 ``x``: "gelu" (0.5 x (1 + erf(x / sqrt 2))), "gelu_tanh" (x sigmoid(2u),
+    u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh u) = sigmoid(2u), and Triton 3.6 has no tanh),
+    "relu" (NaN stays NaN), "silu" (x sigmoid(x)); any other name: x itself."""
+    if NAME == "gelu":
+        y = 0.5 * x * (1.0 + tl.math.erf(x * RSQRT_2))
+    elif NAME == "gelu_tanh":
+        y = x * sigmoid(2.0 * (x + x * x * x * COEF) * SQRT_2_OVER_PI)
+    elif NAME == "relu":
+        y = tl.where(x < 0, 0.0, x)
+    elif NAME == "silu":
+        y = x * sigmoid(x)
+    else:
+        y = x
+    return y
 
 
 @triton.jit

@@ -18,14 +18,9 @@ import triton
 import triton.language as tl
 
 from ._launch import block_indices
-from ._pointwise import launch, load, sigmoid, store
+from ._pointwise import COEF, RSQRT_2, SQRT_2_OVER_PI, activate, launch, load, sigmoid, store
 
-SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2 / math.pi))
-RSQRT_2 = tl.constexpr(1 / math.sqrt(2))
 RSQRT_2PI = tl.constexpr(1 / math.sqrt(2 * math.pi))
-COEF = tl.constexpr(0.044715)
-# The constants multiply from the right: in Triton 3.9's interpreter, `constexpr * tensor` gives a
-# value that tl.exp and tl.abs reject.
 
 
 @triton.jit
@@ -34,9 +29,9 @@ def gelu_kernel(x_ptr, out_ptr, numel, shape, x_strides, out_strides, TANH: tl.c
     mask = i < numel
     x = load(x_ptr, i, mask, shape, x_strides)
     if TANH:
-        y = x * sigmoid(2.0 * (x + x * x * x * COEF) * SQRT_2_OVER_PI)  # x sigmoid(2u)
+        y = activate(x, "gelu_tanh")
     else:
-        y = 0.5 * x * (1.0 + tl.math.erf(x * RSQRT_2))
+        y = activate(x, "gelu")
     store(out_ptr, i, mask, shape, out_strides, y)
 
 

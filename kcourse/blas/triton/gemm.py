@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_plan
 from ._launch import INTERPRET, autotune, launch_tuned
+from ._pointwise import activate
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4)]
@@ -70,12 +71,13 @@ def configs_that_fit(configs, args, **kwargs):
                  prune_configs_by={"early_config_prune": configs_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
-def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
+def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, Z_ptr, M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                 stride_cb, stride_cm, stride_cn, stride_ob, stride_om, stride_on, alpha, beta,
-                PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
-    # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0
+    # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0;
+    # Z: None, or (batch, M, N) with out's strides: z = alpha A B + beta C there, act(z) in out
     batch, tile_m, tile_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = batch.to(tl.int64)  # int64 offsets: a huge tensor must not overflow them
     rows = tile_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -106,26 +108,32 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, M, N, K,
 
     mask = row_mask[:, None] & col_mask[None, :]
     out = scale_and_add(acc, alpha, beta, C_ptr, batch, rows, cols, stride_cb, stride_cm, stride_cn, mask)
-    o_ptrs = out_ptr + batch * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    offsets = batch * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
+    if Z_ptr is not None:  # the pre-activation, for the backward
+        tl.store(Z_ptr + offsets, out.to(Z_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, activate(out, ACTIVATION).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemm(A, B, C, alpha, beta, out):
+def gemm(A, B, C, alpha, beta, out, activation="none", z=None):
     """``out <- alpha * A B + beta * C`` for 2-D or (same-batch) 3-D operands; ``C`` is None when
-    ``beta == 0``. Returns ``out``."""
+    ``beta == 0``. With an ``activation`` ("gelu", "gelu_tanh", "relu", "silu": ``linear``'s), out
+    gets act(z) of the float32 z = alpha A B + beta C, and ``z`` (out's shape and strides) z itself,
+    rounded. Returns ``out``."""
     if out.dim() == 2:  # a batch of one; [None] adds a leading dim to the view, nothing is copied
-        gemm(A[None], B[None], None if C is None else C[None], alpha, beta, out[None])
+        gemm(A[None], B[None], None if C is None else C[None], alpha, beta, out[None], activation,
+             None if z is None else z[None])
         return out
+    assert z is None or (z.shape == out.shape and z.stride() == out.stride())
     plan = tma_plan(A, B, out)
     if plan is not None:
-        return gemm_tma(A, B, C, alpha, beta, out, plan)
+        return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z)
     batch, M, K = A.shape
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     grid = lambda meta: (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
     precision = "tf32" if tf32 else "ieee"
-    key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype)  # the autotuner's pick
-    launch_tuned(gemm_kernel, grid, key, A, B, C, out, M, N, K, *A.stride(), *B.stride(),
-                 *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta,
+    key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype, z is None)  # its pick
+    launch_tuned(gemm_kernel, grid, key, A, B, C, out, z, M, N, K, *A.stride(), *B.stride(),
+                 *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta, ACTIVATION=activation,
                  PRECISION=precision, UPCAST=INTERPRET and A.dtype != torch.float32)
     return out

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ._launch import block_indices
-from ._pointwise import launch, load, store
+from ._pointwise import activate, launch, load, store
 
 
 @triton.jit
@@ -20,7 +20,7 @@ def relu_kernel(x_ptr, out_ptr, numel, shape, x_strides, out_strides, BLOCK: tl.
     i = block_indices(BLOCK)  # (BLOCK,) int64 flat indices
     mask = i < numel
     x = load(x_ptr, i, mask, shape, x_strides)
-    store(out_ptr, i, mask, shape, out_strides, tl.where(x < 0, 0.0, x))
+    store(out_ptr, i, mask, shape, out_strides, activate(x, "relu"))
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ._launch import block_indices
-from ._pointwise import launch, load, sigmoid, silu_slope, store
+from ._pointwise import activate, launch, load, sigmoid, silu_slope, store
 
 
 @triton.jit
@@ -20,7 +20,7 @@ def silu_kernel(x_ptr, out_ptr, numel, shape, x_strides, out_strides, BLOCK: tl.
     i = block_indices(BLOCK)  # (BLOCK,) int64 flat indices
     mask = i < numel
     x = load(x_ptr, i, mask, shape, x_strides)
-    store(out_ptr, i, mask, shape, out_strides, x * sigmoid(x))
+    store(out_ptr, i, mask, shape, out_strides, activate(x, "silu"))
 
 
 @triton.jit

@@ -1,0 +1,14 @@
+"""linear: ``y = act(x @ weight^T + bias)`` (``_host.linear_ops``) over this backend's gemm, gemv and
+activation kernels: the gemm writes z = x W^T + b, the activation kernel reads it (no epilogue fusion
+yet on this backend). Backward: dz = dy act'(z), dx = dz W, dW = dz^T x, db = dz^T 1.
+"""
+from .. import _host
+from .gelu import gelu, gelu_backward
+from .gemm import gemm
+from .gemv import gemv
+from .relu import relu, relu_backward
+from .silu import silu, silu_backward
+
+linear, linear_backward = _host.linear_ops(
+    gemm=gemm, gemv=gemv, activations={"gelu": (gelu, gelu_backward), "relu": (relu, relu_backward),
+                                        "silu": (silu, silu_backward)})
