@@ -81,9 +81,9 @@ def spy_kernels(monkeypatch) -> list:
     def spy(name, op):
         kernel = real(name, op)
 
-        def recorded(*args):
+        def recorded(*args, **kwargs):
             calls.append((name, op))
-            return kernel(*args)
+            return kernel(*args, **kwargs)
 
         return recorded
 

@@ -122,6 +122,23 @@ def test_gpt_fused_and_unfused_loss_agree(backend, arch):
     close(loss, unfused(*inputs)[1], torch.float32)
 
 
+def test_gpt_fused_false_runs_each_op_alone(backend, monkeypatch):
+    """``GPTConfig(fused=False)``: the MLP's activation as its own op after c_fc, the head then
+    cross_entropy; the same loss and gradients as the fused model on the same weights."""
+    from _util import spy_kernels
+
+    torch.manual_seed(0)
+    fused = GPT(GPTConfig(**GPT2), backend=backend).to(DEVICE)
+    plain = GPT(GPTConfig(**{**GPT2, "fused": False}), backend=backend).to(DEVICE)
+    plain.load_state_dict(fused.state_dict())
+    inputs = gpt_inputs(fused.config)
+    compare(fused, plain, inputs, torch.float32)
+    calls = spy_kernels(monkeypatch)
+    plain(*inputs)
+    assert (backend, "gelu") in calls and (backend, "cross_entropy") in calls
+    assert (backend, "linear_cross_entropy") not in calls
+
+
 def test_gpt_python_backend_matches_torch_nn():
     for arch in (GPT2, LLAMA, {**LLAMA, "fused_loss": False}):
         config = GPTConfig(**arch)
@@ -174,7 +191,7 @@ def test_context_applies_where_backend_is_none(monkeypatch):
     calls = spy_kernels(monkeypatch)
     with kcourse.use_backend("python"):
         model(torch.randn(3, 8, device=DEVICE))
-    assert calls == [("python", "gemm")]
+    assert calls == [("python", "linear")]
 
 
 # ----------------------------------------------------------------------------- only kcourse.blas

@@ -30,7 +30,7 @@ def make_feed_forward(c, backend):
     if activation == "swiglu":
         return SwiGLU(c.n_embd, hidden, bias, backend)
     if activation in ACTIVATIONS:
-        return MLP(c.n_embd, hidden, activation, bias, backend)
+        return MLP(c.n_embd, hidden, activation, bias, backend, fused=c.fused)
     raise ValueError(f"activation must be 'swiglu' or one of {', '.join(ACTIVATIONS)}, got {activation!r}")
 
 

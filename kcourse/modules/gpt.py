@@ -34,6 +34,8 @@ class GPTConfig:
     head_dim: int | None = None  # None: n_embd // n_head
     attn_bias: bool | None = None  # biases of c_attn and c_proj; None: bias
     mlp_bias: bool | None = None  # biases of the feed-forward's projections; None: bias
+    fused: bool = True  # kcourse's fused ops: an MLP's first projection and activation as one blas.linear;
+    #                     False: each op on its own (for teaching and comparison), the loss's too
     fused_loss: bool = True  # with targets: the LM head and the loss as one op (blas.linear_cross_entropy)
 
 
@@ -74,7 +76,7 @@ class GPT(Module):
         """``idx (B, T)`` token ids -> ``(logits (B, T, V), loss)``; loss is the mean cross-entropy
         against ``targets (B, T)`` (entries -100 ignored), or None without targets.
 
-        With targets and ``config.fused_loss`` the LM head and the loss run as one op
+        With targets, ``config.fused`` and ``config.fused_loss`` the LM head and the loss run as one op
         (``blas.linear_cross_entropy``: the (B*T, V) logits are never made whole) and logits is None,
         unless ``return_logits=True`` asks for them (then the head, then cross_entropy).
 
@@ -82,7 +84,8 @@ class GPT(Module):
         (left or right padding). Each row's tokens are computed as if alone, at positions 0, 1, ...
         (transformers' ``position_ids = cumsum(mask) - 1``); padding gets logits 0 and no loss."""
         if return_logits is None:
-            return_logits = targets is None or not self.config.fused_loss or attention_mask is not None
+            return_logits = (targets is None or not (self.config.fused and self.config.fused_loss)
+                             or attention_mask is not None)
         if attention_mask is not None:
             if not return_logits:
                 raise ValueError("GPT: a padded batch (attention_mask) returns its logits; pass return_logits=True "

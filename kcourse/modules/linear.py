@@ -11,12 +11,14 @@ from .base import Module
 
 
 class Linear(Module):
-    """``y = x W^T + b`` for ``x (..., in_features)``; ``weight (out, in)``, ``bias (out,)``."""
+    """``y = act(x W^T + b)`` for ``x (..., in_features)``; ``weight (out, in)``, ``bias (out,)``;
+    ``activation`` None (torch.nn.Linear), "gelu", "gelu_tanh", "relu" or "silu": one op,
+    ``blas.linear`` (on triton the activation runs in the gemm's epilogue)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, backend=None,
-                 device=None, dtype=None):
+                 device=None, dtype=None, activation: str | None = None):
         super().__init__(backend)
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
@@ -28,14 +30,14 @@ class Linear(Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # (N, in)
-        y = blas.gemm(rows, self.weight.mT, self.bias, beta=0.0 if self.bias is None else 1.0,
-                      backend=self.backend)  # (N, in) @ (in, out) + (out,) -> (N, out)
+        rows = x.reshape(-1, self.in_features)  # (N, in): the backward reads these rows, copied at most once
+        y = blas.linear(rows, self.weight, self.bias, self.activation, backend=self.backend)  # (N, out)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}" + (f", {super().extra_repr()}" if self.backend else "")
+               f"bias={self.bias is not None}" + (f", activation={self.activation!r}" if self.activation else "") \
+               + (f", {super().extra_repr()}" if self.backend else "")
 
 
 class Embedding(Module):

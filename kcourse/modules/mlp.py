@@ -12,19 +12,23 @@ ACTIVATIONS = {"gelu": ("gelu", {}), "gelu_tanh": ("gelu", {"approximate": "tanh
 
 
 class MLP(Module):
-    """``c_proj(act(c_fc(x)))``: ``dim -> hidden -> dim``."""
+    """``c_proj(act(c_fc(x)))``: ``dim -> hidden -> dim``. ``fused``: c_fc and the activation as one
+    op (``blas.linear(..., activation)``); otherwise the activation is its own op after c_fc."""
 
-    def __init__(self, dim: int, hidden: int, activation: str = "gelu", bias: bool = True, backend=None):
+    def __init__(self, dim: int, hidden: int, activation: str = "gelu", bias: bool = True, backend=None,
+                 fused: bool = True):
         super().__init__(backend)
         if activation not in ACTIVATIONS:
             raise ValueError(f"MLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-        self.activation = activation
-        self.c_fc = Linear(dim, hidden, bias, backend)
+        self.activation, self.fused = activation, fused
+        self.c_fc = Linear(dim, hidden, bias, backend, activation=activation if fused else None)
         self.c_proj = Linear(hidden, dim, bias, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        op, kwargs = ACTIVATIONS[self.activation]
-        h = getattr(blas, op)(self.c_fc(x), **kwargs, backend=self.backend)  # (..., hidden)
+        h = self.c_fc(x)  # (..., hidden), the activation applied when fused
+        if not self.fused:
+            op, kwargs = ACTIVATIONS[self.activation]
+            h = getattr(blas, op)(h, **kwargs, backend=self.backend)
         return self.c_proj(h)  # (..., dim)
 
 
