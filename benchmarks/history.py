@@ -5,6 +5,7 @@
     python -m benchmarks.history add OUT/host.json                       # or host time per call (benchmarks/host.py)
     python -m benchmarks.history add OUT/scaling.json                    # or 1 vs N GPUs (benchmarks/scaling.py)
     python -m benchmarks.history add OUT/decode.json                     # or decode tokens/s (benchmarks/decode.py)
+    python -m benchmarks.history add OUT/peers.json                      # or against the peers (benchmarks/peers.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
@@ -16,17 +17,21 @@ per measured point, which ``load`` returns with its run's versions and commit:
     ms                                     median milliseconds of one call
     rate, unit                             GB/s of the minimal traffic or TFLOP/s (tokens/s for training and decode)
     fraction, ceiling                      rate over the ceiling measured in the same run, and its name
-                                           (``copy_ bandwidth``, ``torch.matmul``, ``F.sdpa``)
+                                           (``copy_ bandwidth``, ``torch.matmul``, ``F.sdpa``); against the
+                                           peers (mode ``peers``): the best peer's ms over ours, ``best peer``
     goal                                   the fraction the point must reach (target points only)
-    baseline, ratio                        torch's eager op (or torch.nn for training) and its time over ours
-    role                                   ``ceiling`` or ``eager`` on torch's own rows, absent on ours
+    baseline, ratio                        torch's eager op (or torch.nn for training; the fastest peer at the
+                                           point for mode ``peers``) and its time over ours
+    role                                   ``ceiling`` or ``eager`` on torch's own rows, ``peer`` on a peer's
+                                           (torch eager, torch.compile, quack, liger), absent on ours
     device, date, versions, commit         where, when (UTC) and with what it ran; ``commit`` ends in
                                            ``+dirty`` when kcourse/ had uncommitted changes
     mode                                   training: ``eager``, ``compile``, ``autocast``, ``graphed`` ...;
                                            ``host`` for host time per call (benchmarks/host.py);
                                            ``x1``, ``ddp x2``, ``autocast fsdp x2`` ... over GPUs; decode (op
                                            ``gpt_decode``, direction ``decode``, ms a decode step): ``eager``,
-                                           ``static``, ... (benchmarks/decode.py)
+                                           ``static``, ... (benchmarks/decode.py); ``peers`` for kcourse against
+                                           the libraries a user would pick instead (benchmarks/peers.py)
     gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
                                            GPU over the model's 1-GPU run, peak memory per GPU
 
@@ -235,6 +240,26 @@ def rows_from_decode(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_peers(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/peers.py`` peers.json: every point that ran and was checked, peers and
+    kcourse's backends, each with its time against the fastest peer at the point."""
+    meta = results["meta"]
+    versions = {k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}
+    versions.update({name: peer["version"] for name, peer in results["peers"].items()
+                     if peer["available"] and name in ("quack", "liger") and peer.get("version")})
+    rows = []
+    for p in results["points"]:
+        if p["status"] != "ok" or not p.get("checked") or p.get("ms") is None:
+            continue
+        rows.append(_clean(dict(
+            op=p["op"], backend=p["backend"], shape=shape_text(p), dtype=p["dtype"], direction=p["direction"],
+            mode="peers", ms=_round(p["ms"]), rate=_round(p.get("gbs")), unit="GB/s", fraction=_round(p.get("ratio")),
+            ceiling=p.get("ceiling_name"), baseline=p.get("best_peer"), ratio=_round(p.get("ratio")),
+            role="peer" if p.get("peer") else None, device=meta["device"], date=meta["date_utc"],
+            versions=versions, commit=_commit(meta))))
+    return rows
+
+
 def rows_from_file(path: Path) -> list[dict]:
     """The rows of a run's JSON, whichever runner wrote it; [] for anything else."""
     try:
@@ -243,6 +268,8 @@ def rows_from_file(path: Path) -> list[dict]:
         return []
     if not isinstance(results, dict) or "meta" not in results:
         return []
+    if "peers" in results:
+        return rows_from_peers(results)
     if "points" in results:
         return rows_from_bench(results)
     if "decode" in results:
@@ -301,7 +328,7 @@ def add(paths: list[Path], history: Path = HISTORY) -> int:
     for path in paths:
         rows = [r for r in rows_from_file(path) if (r["device"], r["date"], r["op"]) not in seen]
         if not rows and not rows_from_file(path):
-            print(f"{path}: not a benchmarks/run.py or benchmarks/gpt.py result, skipped", file=sys.stderr)
+            print(f"{path}: not the JSON of one of benchmarks/'s runners, skipped", file=sys.stderr)
         new += rows
         seen |= {(r["device"], r["date"], r["op"]) for r in rows}
     history.parent.mkdir(parents=True, exist_ok=True)
@@ -410,6 +437,15 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}", number(r.get("peak_gib"), ".2f"),
                        ratio(r), number(r.get("memory_ratio"), ".3f"), r["date"][:10]),
             sorted((r for r in rows if r["op"] == "linear_cross_entropy"), key=lambda r: (r["shape"], _order(r), r["mode"])))
+    section("Against the peers (`benchmarks/peers.py`)",
+            "Per op, direction, dtype and kcourse backend, over the row lengths: the best peer's ms over ours at "
+            "each point (above 1: faster than every peer; target >= 1.00 everywhere, >= 0.95 at no more than two "
+            "points per op).",
+            "op | dir | dtype | backend | lowest> | at (best peer) | highest> | points below 1.00x> | date",
+            lambda r: (r["op"], r["direction"], r["dtype"], r["backend"], f"{r['lowest']:.2f}x",
+                       f"{r['shape']} ({r['baseline']})", f"{r['highest']:.2f}x", f"{r['below']} of {r['points']}",
+                       r["date"][:10]),
+            peer_ranges(rows))
     section("Host time per call (`benchmarks/host.py`)",
             "Tiny operands: the host's time (validation, dispatch, launch), not the GPU's. The ratio is torch's "
             "time over ours.",
@@ -418,6 +454,22 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
                        r["date"][:10]),
             sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r))))
     return "\n".join(out) + "\n"
+
+
+def peer_ranges(rows: list[dict]) -> list[dict]:
+    """Per (op, direction, dtype, kcourse backend) of the ``peers`` rows: the lowest ratio to the best
+    peer (its row's fields), the highest and how many are below 1."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r.get("mode") == "peers" and not r.get("role") and r.get("ratio") is not None:
+            groups[(r["op"], r["direction"], r["dtype"], r["backend"])].append(r)
+    out = []
+    for group in groups.values():
+        ratios = [r["ratio"] for r in group]
+        lowest = min(group, key=lambda r: r["ratio"])
+        out.append(dict(lowest, lowest=lowest["ratio"], highest=max(ratios), below=sum(x < 1 for x in ratios),
+                        points=len(group), date=max(r["date"] for r in group)))
+    return sorted(out, key=lambda r: _order(r)[:3] + _order(r)[4:])  # not by shape: each group's lowest's
 
 
 def device_plot(slug: str, rows: list[dict], path: Path) -> None:

@@ -18,12 +18,12 @@ Method
     ``torch.addr``, ``torch.matmul``; written here, independent of the code under test) with
     ``torch.testing.assert_close`` at a tolerance per dtype, scaled by the square root of the
     reduction length.
-  - Transformer primitives (softmax, layer_norm, rms_norm, cross_entropy, attention): compared, as
-    FlashAttention's tests do, with the same ``torch.nn.functional`` op computed in float32 on the
-    same inputs: the largest error may be at most twice the largest error of torch's own op in the
-    run's dtype, plus ``tol * max |expected|`` (room for a different summation order in float32,
-    where torch's own error is 0, and for a different rounding: Triton's CPU interpreter truncates
-    to bfloat16). An element-wise tolerance does not fit bfloat16 attention gradients: their error
+  - Transformer primitives (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, attention):
+    compared, as FlashAttention's tests do, with the same ``torch.nn.functional`` op computed in
+    float32 on the same inputs: the largest error may be at most twice the largest error of torch's
+    own op in the run's dtype, plus ``tol * max |expected|`` (room for a different summation order
+    in float32, where torch's own error is 0, and for a different rounding: Triton's CPU interpreter
+    truncates to bfloat16). An element-wise tolerance does not fit bfloat16 attention gradients: their error
     comes from rounding P, dS and the output, not from the element's size.
     The forward point checks the output, the backward point every input gradient.
 * Time: ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")``: CUDA events around each
@@ -39,19 +39,22 @@ Method
   require grad, so a forward call records the graph and saves what its backward needs. The
   backward is ``torch.autograd.grad(out, inputs, grad_out, retain_graph=True)`` on a graph built
   once before timing, so the timed call runs the backward only. ``grad_out`` is random (1 for the
-  scalar cross-entropy loss).
+  scalar cross-entropy loss). ``fwd+bwd`` (``benchmarks/peers.py``) is one call of the forward
+  then ``torch.autograd.grad(out, inputs, grad_out)``, checked on the output and every gradient,
+  its traffic the sum of both directions'.
 * Ceilings and references, measured in the same run: (1) memory bandwidth: ``dst.copy_(src)`` on
   2^28 float32 (1 GiB each way), bytes read + written; (2) ``torch.matmul`` at every gemm point's
   shape and dtype; (3) ``F.scaled_dot_product_attention`` ("F.sdpa") at every attention point, in
-  both directions; (4) torch eager (``F.softmax``, ``F.layer_norm``, ``F.rms_norm``,
-  ``F.cross_entropy``) at every point of the memory-bound primitives, in both directions: not a
-  ceiling, a time to beat (``eager_ms``, ``speedup_vs_eager``).
+  both directions; (4) torch eager (``F.softmax``, ``F.log_softmax``, ``F.layer_norm``,
+  ``F.rms_norm``, ``F.cross_entropy``) at every point of the memory-bound primitives, in both
+  directions: not a ceiling, a time to beat (``eager_ms``, ``speedup_vs_eager``).
 * Metrics: median ms; for memory-bound ops GB/s of the minimal traffic and its fraction of the copy
   bandwidth; for gemm and attention TFLOP/s and its fraction of torch.matmul's or F.sdpa's. With s
   the element size: copy 2ns, swap 4ns, scal 2ns, axpby 3ns, dot 2ns, gemv (mn+n+m)s,
   geru (2mn+m+n)s, gemm 2mnk FLOP. Row-wise primitives on N rows of D (cross_entropy: V) columns,
   (N, D) tensors only: the (D,) weights, (N,) statistics and targets are under 1% and left out:
       softmax        fwd 2NDs (read x, write y)     bwd 3NDs (read y, dy; write dx)
+      log_softmax    fwd 2NDs (read x, write y)     bwd 3NDs (read y, dy; write dx)
       layer_norm     fwd 2NDs (read x, write y)     bwd 3NDs (read x, dy; write dx)
       rms_norm       fwd 2NDs (read x, write y)     bwd 3NDs (read x, dy; write dx)
       cross_entropy  fwd NVs  (read the logits)     bwd 2NVs (read logits; write dlogits)
@@ -101,7 +104,7 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 ALPHA, BETA = 1.5, -0.5
 LAYER_NORM_EPS, RMS_NORM_EPS = 1e-5, 1e-6
 
-ROWWISE = ("softmax", "layer_norm", "rms_norm", "cross_entropy")  # memory-bound, one row at a time
+ROWWISE = ("softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy")  # memory-bound, one row at a time
 ROWS, ROW_TARGET = 32768, (32768, 8192)  # (rows, columns) of the row-wise primitives' input
 HEAD_DIM, HEADS, TOKENS = 128, 16, 16384  # attention: B = TOKENS // T sequences of HEADS heads
 
@@ -152,7 +155,8 @@ MEMORY_SIZES = {"cuda": attention_sizes([8192]), "cpu": attention_sizes([128], t
 # or F.sdpa) and, for the memory-bound primitives, is also not slower than torch eager.
 TARGETS = {"copy": 0.90, "swap": 0.90, "scal": 0.90, "axpby": 0.90, "dot": 0.85,
            "gemv": 0.85, "geru": 0.85, "gemm": 0.90,
-           "softmax": 0.85, "layer_norm": 0.85, "rms_norm": 0.85, "cross_entropy": 0.85, "attention": 0.90}
+           "softmax": 0.85, "log_softmax": 0.85, "layer_norm": 0.85, "rms_norm": 0.85, "cross_entropy": 0.85,
+           "attention": 0.90}
 BACKEND_TARGETS = {"cute": {"gemm": 0.95, "attention": 1.0}}  # where a backend's target is higher
 EAGER_TARGET = 1.0  # the least speedup over torch eager
 
@@ -313,6 +317,11 @@ OPS = {op.name: op for op in [
        reference=lambda t: F.softmax(t[0], dim=-1), reference_name="F.softmax", grads=(0,),
        bytes=row_traffic(2),  # read x, write y
        bwd_bytes=row_traffic(3)),  # read y and dy, write dx
+    Op("log_softmax", 2, make=rows_and_params(0), **ROW_OP,
+       run=lambda t, b: blas.log_softmax(t[0], backend=b),
+       reference=lambda t: F.log_softmax(t[0], dim=-1), reference_name="F.log_softmax", grads=(0,),
+       bytes=row_traffic(2),  # read x, write y
+       bwd_bytes=row_traffic(3)),  # read y and dy, write dx
     Op("layer_norm", 2, make=rows_and_params(2), **ROW_OP,  # (x, weight, bias)
        run=lambda t, b: blas.layer_norm(*t, eps=LAYER_NORM_EPS, backend=b),
        reference=lambda t: F.layer_norm(t[0], t[0].shape[-1:], t[1], t[2], eps=LAYER_NORM_EPS),
@@ -396,11 +405,17 @@ def max_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def timed_call(case: Case, call: Callable, direction: str) -> Callable:
     """What the timer calls. fwd: the op on the case's inputs. bwd: the backward alone, on a graph
-    that the forward builds here, once."""
+    that the forward builds here, once. fwd+bwd: the forward then its backward, in one call that
+    returns the output and the input gradients."""
     if direction == "fwd":
         return lambda: call(case.inputs)
-    out = call(case.inputs)
     wrt = [case.inputs[i] for i in case.op.grads]
+    if direction == "fwd+bwd":
+        def step():
+            out = call(case.inputs)
+            return (out, *torch.autograd.grad(out, wrt, case.grad_out))
+        return step
+    out = call(case.inputs)
     return lambda: torch.autograd.grad(out, wrt, case.grad_out, retain_graph=True)
 
 
@@ -422,6 +437,9 @@ def prepare(case: Case) -> None:
     for direction, want in case.want.items():
         got = timed_call(case, op.reference, direction)()
         case.torch_error[direction] = [max_error(g, w) for g, w in zip(as_tuple(got), want, strict=True)]
+    if op.grads:  # one call of both: the output, then every input gradient
+        case.want["fwd+bwd"] = case.want["fwd"] + case.want["bwd"]
+        case.torch_error["fwd+bwd"] = case.torch_error["fwd"] + case.torch_error["bwd"]
 
 
 # ----------------------------------------------------------------------------- one point
@@ -464,10 +482,18 @@ def new_point(case: Case, backend: str, direction: str) -> dict:
                 ceiling_name=op.reference_name if op.flops else "copy_ bandwidth")
 
 
+def work(op: Op, direction: str) -> tuple[Callable | None, Callable | None]:
+    """``(flops, bytes)`` of one direction of ``op`` (None where it does not apply); fwd+bwd: the sums."""
+    if direction != "fwd+bwd":
+        return (op.flops, op.bytes) if direction == "fwd" else (op.bwd_flops, op.bwd_bytes)
+    both = lambda f, b: None if f is None else (lambda *n: f(*n) + b(*n))  # noqa: E731
+    return both(op.flops, op.bwd_flops), both(op.bytes, op.bwd_bytes)
+
+
 def rates(p: dict, case: Case, ms: float, ceiling: float) -> None:
     """Fill GB/s or TFLOP/s and the fraction of the ceiling into point ``p``."""
     op, n = case.op, case.n
-    flops, traffic = (op.flops, op.bytes) if p["direction"] == "fwd" else (op.bwd_flops, op.bwd_bytes)
+    flops, traffic = work(op, p["direction"])
     p["ms"] = ms
     if flops:
         p["flops"] = flops(n)
@@ -493,9 +519,10 @@ def autotuners(op: str) -> dict:
 
 
 def measure(case: Case, label: str, call: Callable, direction: str, timer, ceiling: float,
-            timed: list | None = None) -> dict:
+            timed: list | None = None, time_wrong: bool = True) -> dict:
     """Check once, then time, one point: ``call(inputs)`` (a backend or torch's reference) in one
-    direction; never raises. A point that ran is appended to ``timed`` with the call its timer took."""
+    direction; never raises. A point that ran is appended to ``timed`` with the call its timer took.
+    ``time_wrong=False``: a point that fails its check is not timed (``ms`` stays None)."""
     p = new_point(case, label, direction)
     try:
         want = case.op.expect(case.inputs) if case.op.expect else case.want[direction]
@@ -512,9 +539,10 @@ def measure(case: Case, label: str, call: Callable, direction: str, timer, ceili
             p["autotuned"] = picks
         p["checked"], p["check_error"] = check(case, direction, got, want)
         del want, got
-        rates(p, case, timer(fn), ceiling)
-        if timed is not None:
-            timed.append((p, fn))
+        if p["checked"] or time_wrong:
+            rates(p, case, timer(fn), ceiling)
+            if timed is not None:
+                timed.append((p, fn))
     except NotImplementedError as e:
         p.update(status="not implemented", error=str(e))
     except Exception as e:  # noqa: BLE001 - record every failure and keep going
@@ -627,15 +655,22 @@ def run_sweep(args, backends: list[str], timer, copy_gbs: float) -> list[dict]:
 def run_size(case: Case, backends: list[str], timer, copy_gbs: float, rounds: int = 1) -> list[dict]:
     """One (op, dtype, size): make the inputs once, then per direction torch's reference (when the
     op has one) and every backend."""
+    return per_direction(case, backends, case.op.directions,
+                         lambda d: run_direction(case, d, backends, timer, copy_gbs, rounds))
+
+
+def per_direction(case: Case, labels: list[str], directions, run: Callable[[str], list[dict]]) -> list[dict]:
+    """``prepare`` the case once, then the points of ``run(direction)`` for each direction; the inputs
+    are freed after. Where preparing fails: an error point per direction and label instead."""
     try:
         prepare(case)
     except Exception as e:  # noqa: BLE001 - e.g. out of memory: record it and go on
         free(case.device)
         why = f"inputs or reference failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        return [dict(new_point(case, b, d), status="error", error=why) for d in case.op.directions for b in backends]
+        return [dict(new_point(case, b, d), status="error", error=why) for d in directions for b in labels]
     points = []
-    for direction in case.op.directions:
-        points += run_direction(case, direction, backends, timer, copy_gbs, rounds)
+    for direction in directions:
+        points += run(direction)
     case.inputs, case.want, case.grad_out = (), {}, None
     free(case.device)
     return points
@@ -659,10 +694,7 @@ def run_direction(case: Case, direction: str, backends: list[str], timer, copy_g
             skipped.add(len(points) - 1)
         else:
             points.append(measure(case, backend, lambda t: op.run(t, backend), direction, timer, 0.0, timed))
-    best = {id(p): p["ms"] for p, _ in timed}
-    for _ in range(rounds - 1):
-        for p, fn in timed:
-            best[id(p)] = min(best[id(p)], timer(fn))
+    best = retime(timed, timer, rounds)
     ceiling, eager_ms = copy_gbs, None
     if ref is not None:
         if ref["status"] == "ok":
@@ -683,6 +715,16 @@ def run_direction(case: Case, direction: str, backends: list[str], timer, copy_g
         if i not in skipped:
             report(p)
     return points
+
+
+def retime(timed: list, timer, rounds: int) -> dict:
+    """``id(point) -> ms``: each ``(point, call)`` of ``timed`` timed ``rounds - 1`` more times, in
+    turn, keeping the fastest of its ``ms`` and those."""
+    best = {id(p): p["ms"] for p, _ in timed}
+    for _ in range(rounds - 1):
+        for p, fn in timed:
+            best[id(p)] = min(best[id(p)], timer(fn))
+    return best
 
 
 def report(p: dict) -> None:
@@ -719,7 +761,7 @@ def run_notes(args) -> list[str]:
             "torch.nn.functional in float32: max error <= 2 x torch's own in the same dtype + tol x max |expected|.",
             f"Row-wise primitives: GB/s of the minimal traffic (fwd 2NDs, bwd 3NDs; cross_entropy fwd NVs, bwd 2NVs); "
             f"target >= {TARGETS['softmax']:.2f} of copy_ bandwidth and not slower than torch eager (F.softmax, "
-            "F.layer_norm, F.rms_norm, F.cross_entropy) at the same shape, dtype and direction.",
+            "F.log_softmax, F.layer_norm, F.rms_norm, F.cross_entropy) at the same shape, dtype and direction.",
         ]
     if "attention" in args.ops:
         notes.append(
