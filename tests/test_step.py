@@ -85,13 +85,14 @@ class StepSpy(TorchDispatchMode):
 
 def expected_kernels(arch):
     """Per step: one linear per Linear of the blocks (its gemms and gemv, forward and backward, run
-    inside it; the MLP's gelu in c_fc's), the LM head and the loss as one linear_cross_entropy, and
-    nothing else: no scal (every scale in a GPT is 1), no copy kernel."""
+    inside it; the MLP's gelu in c_fc's), a block's first residual add and second norm as one op, the
+    LM head and the loss as one linear_cross_entropy, and nothing else: no scal (every scale in a GPT
+    is 1), no copy kernel."""
     L = LAYERS
-    if arch == "gpt2":  # c_attn, c_proj, c_fc (with the gelu), c_proj per layer
-        return {"linear": 4 * L, "axpby": 2 * L + 1, "layer_norm": 2 * L + 1, "attention": L, "embedding": 2,
-                "linear_cross_entropy": 1}
-    return {"linear": 5 * L, "axpby": 2 * L, "rms_norm": 2 * L + 1, "swiglu": L, "rope": 2 * L,
+    if arch == "gpt2":  # c_attn, c_proj, c_fc (with the gelu), c_proj per layer; add + ln_2 as one op
+        return {"linear": 4 * L, "axpby": L + 1, "layer_norm": L + 1, "add_layer_norm": L, "attention": L,
+                "embedding": 2, "linear_cross_entropy": 1}
+    return {"linear": 5 * L, "axpby": L, "rms_norm": L + 1, "add_rms_norm": L, "swiglu": L, "rope": 2 * L,
             "attention": L, "embedding": 1, "linear_cross_entropy": 1}
 
 

@@ -15,7 +15,8 @@ the same launch helpers with the same signatures:
   partials of dweight and dbias and their column sums.
 - ``layer_norm_ops`` / ``rms_norm_ops``: what each norm's cache holds.
 - ``add_norm_ops`` / ``add_norm_backward``: the fused add + norms (h = x + residual, y = norm(h)), the
-  gradient of h computed once for x and residual.
+  gradient of h computed once for x and residual; ``composed_add_norm_ops``: the same of a backend's
+  add and norm kernels (pytorch, cute).
 - ``rope_ops``: the backward is the rotation by ``-theta``.
 - ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
 - ``linear_ops``: a linear layer with its activation over a backend's gemm, gemv and activation
@@ -161,6 +162,24 @@ def add_norm_backward(norm_backward):
         return (dx if needs[0] else None, dx if needs[1] else None, *rest)
 
     return backward
+
+
+def composed_add_norm_ops(*, norm, norm_backward, add):
+    """``(add_<norm>, add_<norm>_backward)`` of a backend without a fused kernel, composed of its own
+    ``add(a, b) -> a + b`` (rounded once, contiguous) and the norm's kernels: h = add(x, residual),
+    (y, cache) = norm(h, ...); backward, the norm's, then dx = dresidual = add(its dx, dh). Caches as
+    the norm's, of h."""
+
+    def forward(x, residual, *params, **eps):  # the norm's weight[, bias] and eps
+        h = add(x, residual)
+        y, cache = norm(h, *params, **eps)
+        return (y, h), cache
+
+    def backward(dy, cache, needs, eps, dh):
+        dx, *rest = norm_backward(dy, cache, needs, eps)
+        return (dx if dx is None or dh is None else add(dx, dh), *rest)
+
+    return forward, add_norm_backward(backward)
 
 
 def add_norm_ops(norm_forward, norm_backward):

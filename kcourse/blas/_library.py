@@ -59,7 +59,8 @@ AUTOCAST = {
              "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear": "lower", "linear_cross_entropy": "lower",
              **_PROMOTE},
     "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", "linear": "lower",
-            "linear_cross_entropy": "lower", **_PROMOTE},  # torch's CPU lists
+            "linear_cross_entropy": "lower", "add_layer_norm": "promote", "add_rms_norm": "promote",
+            **_PROMOTE},  # torch's CPU lists
 }
 
 

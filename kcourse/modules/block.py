@@ -1,4 +1,5 @@
-"""The pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+"""The pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the first residual
+add and the second norm as one op (``add_layer_norm`` / ``add_rms_norm``) unless ``config.fused`` is off."""
 from __future__ import annotations
 
 import torch
@@ -46,7 +47,13 @@ class Block(Module):
                               head_dim=c.head_dim, backend=backend)
         self.ln_2 = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps, backend)
         self.mlp = make_feed_forward(c, backend)
+        self.fused = c.fused
 
     def forward(self, x: torch.Tensor, cache=None, layer: int = 0) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        x = blas.axpby(self.attn(self.ln_1(x), cache, layer), x, backend=self.backend)  # x + attn(ln_1(x))
-        return blas.axpby(self.mlp(self.ln_2(x)), x, backend=self.backend)  # x + mlp(ln_2(x))
+        a = self.attn(self.ln_1(x), cache, layer)
+        if self.fused:
+            y, x = self.ln_2.add(a, x)  # x + attn(ln_1(x)), and ln_2 of it
+        else:
+            x = blas.axpby(a, x, backend=self.backend)  # x + attn(ln_1(x))
+            y = self.ln_2(x)
+        return blas.axpby(self.mlp(y), x, backend=self.backend)  # x + mlp(ln_2(x))

@@ -20,6 +20,10 @@ class LayerNorm(Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return blas.layer_norm(x, self.weight, self.bias, self.eps, backend=self.backend)
 
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(h), h)`` for ``h = x + residual``, one op (``blas.add_layer_norm``)."""
+        return blas.add_layer_norm(x, residual, self.weight, self.bias, self.eps, backend=self.backend)
+
 
 class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * weight``; ``weight`` ones at start."""
@@ -31,3 +35,7 @@ class RMSNorm(Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return blas.rms_norm(x, self.weight, self.eps, backend=self.backend)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(h), h)`` for ``h = x + residual``, one op (``blas.add_rms_norm``)."""
+        return blas.add_rms_norm(x, residual, self.weight, self.eps, backend=self.backend)

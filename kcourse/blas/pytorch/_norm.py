@@ -42,12 +42,6 @@ def add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return torch.add(x, residual).contiguous()
 
 
-def plus(grads: tuple, dh: torch.Tensor | None) -> tuple:
-    """``grads`` with ``dh`` (None: 0) added to the first, the input's gradient (when computed)."""
-    dx, *rest = grads
-    return (dx if dx is None or dh is None else torch.add(dx, dh), *rest)
-
-
 def norm_backward(dout, x, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm."""
     d = x.shape[-1]

@@ -6,15 +6,8 @@ Backward: the layer_norm backward of h (``aten.native_layer_norm_backward``), pl
 types that sum is rounded twice (the norm's gradient, then the sum); the triton kernel rounds it once.
 """
 from .. import _host
-from ._norm import add, plus
+from ._norm import add
 from .layer_norm import layer_norm, layer_norm_backward
 
-
-def add_layer_norm(x, residual, weight, bias, eps):
-    h = add(x, residual)
-    y, cache = layer_norm(h, weight, bias, eps)
-    return (y, h), cache
-
-
-add_layer_norm_backward = _host.add_norm_backward(
-    lambda dy, cache, needs, eps, dh: plus(layer_norm_backward(dy, cache, needs, eps), dh))
+add_layer_norm, add_layer_norm_backward = _host.composed_add_norm_ops(
+    norm=layer_norm, norm_backward=layer_norm_backward, add=add)

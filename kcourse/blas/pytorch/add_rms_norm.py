@@ -6,15 +6,8 @@ The norm's part is written in h's dtype, so for half types that sum is rounded t
 gradient, then the sum); the triton kernel rounds it once.
 """
 from .. import _host
-from ._norm import add, plus
+from ._norm import add
 from .rms_norm import rms_norm, rms_norm_backward
 
-
-def add_rms_norm(x, residual, weight, eps):
-    h = add(x, residual)
-    y, cache = rms_norm(h, weight, eps)
-    return (y, h), cache
-
-
-add_rms_norm_backward = _host.add_norm_backward(
-    lambda dy, cache, needs, eps, dh: plus(rms_norm_backward(dy, cache, needs, eps), dh))
+add_rms_norm, add_rms_norm_backward = _host.composed_add_norm_ops(
+    norm=rms_norm, norm_backward=rms_norm_backward, add=add)
