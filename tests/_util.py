@@ -121,3 +121,15 @@ def assert_device_assert(script: str, message: str | None = None) -> None:
         assert "launchfailure" in failed, result.stderr[-2000:]
     else:
         assert "device-side assert" in result.stderr or "Assertion" in result.stderr, result.stderr[-2000:]
+
+
+def import_benchmarks(*names: str) -> tuple:
+    """The modules ``benchmarks.<name>``: a package of the source checkout, not installed."""
+    import importlib
+    from pathlib import Path
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+        return tuple(importlib.import_module(f"benchmarks.{name}") for name in names)

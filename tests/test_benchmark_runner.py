@@ -2,20 +2,19 @@
 on the CPU: with interleaved rounds every fraction is still the point's rate over its ceiling, and the
 speed-up over torch eager its time over eager's; a run's JSON becomes history rows once; the README's
 performance table is what the history says."""
-import importlib
 import json
 from pathlib import Path
 
 import pytest
+
+from _util import import_benchmarks
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(ROOT))  # benchmarks/ is a package of the source checkout, not installed
-        return importlib.import_module("benchmarks.run"), importlib.import_module("benchmarks.history")
+    return import_benchmarks("run", "history")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def test_readme_performance_table_is_current(bench):
 
 def test_index_check_rows(bench, tmp_path):
     """benchmarks/index_check.py: a row per (op, backend) with the op's time and its check's share."""
-    index_check = importlib.import_module("benchmarks.index_check")
+    index_check, = import_benchmarks("index_check")
     result = index_check.main(["--out", str(tmp_path), "--device", "cpu", "--tokens", "16", "--vocab", "64",
                                "--dim", "8", "--backends", "python,pytorch"])
     rows = {(r["op"], r["backend"]): r for r in result["rows"]}

@@ -2,19 +2,16 @@
 against transformers' generate (static cache and the default one), a row per (arch, batch, variant)
 with prefill time, decode tokens/s and greedy tokens that match transformers'; the rows go into the
 history as gpt_decode."""
-import importlib
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _util import import_benchmarks
+
 pytest.importorskip("transformers", reason="transformers is a dev dependency")
 
 
 def test_tiny_decode_benchmark_on_the_cpu(tmp_path):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(ROOT))  # benchmarks/ is a package of the source checkout, not installed
-        decode, history = (importlib.import_module(f"benchmarks.{m}") for m in ("decode", "history"))
+    decode, history = import_benchmarks("decode", "history")
     results = decode.main(["--out", str(tmp_path), "--tiny", "--device", "cpu", "--backends", "python",
                            "--batches", "1,3", "--repeats", "1", "--variants", "static,eager"])
     runs = results["decode"]

@@ -2,23 +2,20 @@
 peer at the same point, a peer that does not import is recorded as unavailable with the reason, a
 wrong kernel is reported as WRONG and not timed, and the history takes the run's JSON."""
 import dataclasses
-import importlib
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _util import import_benchmarks
+
 OPS = ("softmax", "cross_entropy", "layer_norm")
 
 
 @pytest.fixture(scope="module")
 def modules():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(ROOT))  # benchmarks/ is a package of the source checkout, not installed
-        return importlib.import_module("benchmarks.peers"), importlib.import_module("benchmarks.history")
+    return import_benchmarks("peers", "history")
 
 
 @pytest.fixture(scope="module")
