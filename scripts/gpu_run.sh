@@ -30,7 +30,7 @@ if [[ $what == bench || $what == all ]]; then
   timeout 120 python3 -m benchmarks.index_check --out "$out" 2>&1 | tee "$out/index_check.log"  # $out/index_check.json
 fi
 if [[ $what == cute ]]; then  # the cute backend's tests (source .cute/activate.sh first: DEVELOPERS.md)
-  prims="softmax log_softmax cross_entropy layer_norm rms_norm gelu silu relu swiglu embedding rope attention modules training"
+  prims="softmax log_softmax cross_entropy layer_norm rms_norm add_norm linear linear_cross_entropy gelu silu relu swiglu embedding rope attention modules training"
   KCOURSE_RECORD="$out/verified-cute-primitives.json" timeout -s INT -k 30 ${CUTE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
     -n 12 -m "not gpu" -k cute -rf --durations=10 $(for t in $prims; do echo tests/test_$t.py; done) > "$out/tests-cute-primitives.log" 2>&1
   status=$?; tail -n 3 "$out/tests-cute-primitives.log"
