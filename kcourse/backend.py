@@ -32,7 +32,7 @@ import torch
 NAMES = ("python", "pytorch", "triton", "cute")
 OPS = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm",  # the BLAS ops, then the primitives
        "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-       "linear", "linear_cross_entropy", "gelu", "silu", "relu", "swiglu", "embedding", "rope", "attention")
+       "linear", "linear_swiglu", "linear_cross_entropy", "gelu", "silu", "relu", "swiglu", "embedding", "rope", "attention")
 DEFAULT = "pytorch"
 ENV_VAR = "KCOURSE_BACKEND"
 

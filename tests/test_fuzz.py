@@ -422,6 +422,25 @@ def test_linear(name, data):
           grad_k=[4 * (N + K), 4 * (rows + K), 4 * (rows + K)])
 
 
+@fuzz
+def test_linear_swiglu(name, data):
+    """silu(F.linear(x, W_g, b_g)) * F.linear(x, W_u, b_u) in float64, finite inputs."""
+    dt = dtype(data, name)
+    lead = sizes(data, name, 2)[:data.draw(st.integers(0, 1))]
+    K, F_ = size(data, name), size(data, name)
+    # weights of scale K^-1/2 (as a layer's initialization): g and u of unit scale, so that y = silu(g) u,
+    # a product of two sums, has the error of one
+    w = 1 / math.sqrt(max(K, 1))
+    x, w_gate, w_up = tensor(data, [*lead, K], dt), tensor(data, [F_, K], dt, w), tensor(data, [F_, K], dt, w)
+    biases = [tensor(data, [F_], dt), tensor(data, [F_], dt)] if data.draw(st.booleans()) else [None, None]
+    f = lambda x, wg, wu, bg, bu, backend: blas.linear_swiglu(x, wg, wu, bg, bu, backend=backend)
+    ref = lambda x, wg, wu, bg, bu: F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)
+    # as test_linear: sums of F or M terms of dg and du, each rounded and carrying g's and u's error; the
+    # rounding of g (of u) is multiplied by u (by silu(g)) in y, dg and du: up to ~3 at unit scale
+    rows = math.prod(lead)
+    check(name, f, ref, [x, w_gate, w_up, *biases], k=2 * K, grad_k=[8 * (F_ + K), *[4 * (rows + K)] * 4], scale=3.0)
+
+
 def _cross_entropy_by_formula(x, target, ignore_index, reduction):
     valid = target != ignore_index
     picked = x.gather(1, torch.where(valid, target, 0)[:, None])[:, 0]

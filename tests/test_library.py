@@ -76,6 +76,7 @@ def _forward_args(op, backend, grad=True):
         "log_softmax": [(t(2, 3, 5), 1)],
         "cross_entropy": [(t(4, 7), target, -100, "mean"), (t(4, 7), target, -100, "none")],
         "linear": [(t(2, 3, 5), t(7, 5), t(7), "gelu_tanh"), (t(4, 5), t(7, 5), None, "none")],
+        "linear_swiglu": [(t(2, 3, 5), t(7, 5), t(7, 5), t(7), t(7)), (t(4, 5), t(7, 5), t(7, 5), None, None)],
         "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad, False),  # gradients ahead
                                  (t(4, 5), t(7, 5), target, None, -100, "none", False, True)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
@@ -323,6 +324,7 @@ def _primitive_call(op):
         "log_softmax": ((t(3, 5),), lambda b, x: blas.log_softmax(x, backend=b)),
         "cross_entropy": ((t(3, 7),), lambda b, x: blas.cross_entropy(x, target, reduction="none", backend=b)),
         "linear": ((t(2, 3, 4), t(7, 4), t(7)), lambda b, x, w, bi: blas.linear(x, w, bi, "silu", backend=b)),
+        "linear_swiglu": ((t(3, 4), t(6, 4), t(6, 4)), lambda b, x, wg, wu: blas.linear_swiglu(x, wg, wu, backend=b)),
         "linear_cross_entropy": ((t(3, 4), t(7, 4), t(7)), lambda b, x, w, bi: blas.linear_cross_entropy(
             x, w, target, bi, reduction="none", backend=b)),
         "layer_norm": ((t(3, 8), t(8), t(8)), lambda b, x, w, bi: blas.layer_norm(x, w, bi, backend=b)),

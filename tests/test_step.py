@@ -92,7 +92,8 @@ def expected_kernels(arch):
     if arch == "gpt2":  # c_attn, c_proj, c_fc (with the gelu), c_proj per layer; add + ln_2 as one op
         return {"linear": 4 * L, "axpby": L + 1, "layer_norm": L + 1, "add_layer_norm": L, "attention": L,
                 "embedding": 2, "linear_cross_entropy": 1}
-    return {"linear": 5 * L, "axpby": L, "rms_norm": L + 1, "add_rms_norm": L, "swiglu": L, "rope": 2 * L,
+    # c_attn, c_proj, w_down; w_gate, w_up and the gated unit as one linear_swiglu
+    return {"linear": 3 * L, "linear_swiglu": L, "axpby": L, "rms_norm": L + 1, "add_rms_norm": L, "rope": 2 * L,
             "attention": L, "embedding": 1, "linear_cross_entropy": 1}
 
 

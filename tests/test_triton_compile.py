@@ -1,5 +1,5 @@
 """The triton gemm kernels compile for an sm_90 GPU on any machine: every epilogue activation of the
-pointer kernel, the Hopper (TMA) kernel and split K's summing kernel. The interpreter runs the
+pointer kernel, its gated pair (linear_swiglu), the Hopper (TMA) kernel and split K's summing kernel. The interpreter runs the
 kernels' Python, not Triton's compiler, so a construct it accepts can still fail to compile (a
 constexpr string, a None descriptor); this catches that without a GPU. Each compile runs in a fresh
 process without ``TRITON_INTERPRET`` (the test session's kernels are interpreted functions)."""
@@ -30,10 +30,11 @@ COMPILE = textwrap.dedent("""
     what = sys.argv[1]
     for act in sys.argv[2:]:
         none = {"Z_ptr": None} if act == "none" else {}
-        if what == "pointer":
+        if what in ("pointer", "pair"):  # pair: linear_swiglu's two accumulators (B2, C2, Z2)
+            single = {"B2_ptr": None, "C2_ptr": None, "Z2_ptr": None} if what == "pointer" else {}
             compile_(gemm.gemm_kernel.fn.fn, lambda n: "*fp16" if n.endswith("_ptr") else scalar(n),
                      {"ACTIVATION": act, "PRECISION": "ieee", "UPCAST": False, "BLOCK_M": 128, "BLOCK_N": 128,
-                      "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": False, "C_ptr": None, **none}, num_warps=8, num_stages=3)
+                      "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": False, **none, **single}, num_warps=8, num_stages=3)
         elif what == "tma":
             bm, bn, bk = 128, 256, 64
             desc = {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
@@ -53,6 +54,7 @@ COMPILE = textwrap.dedent("""
 
 @pytest.mark.parametrize("kernel, activations", [
     ("pointer", ["none", "gelu", "gelu_tanh", "relu", "silu"]),
+    ("pair", ["silu"]),
     ("tma", ["none", "gelu"]),
     ("splitk", ["gelu_tanh"]),
 ])

@@ -23,7 +23,7 @@ __all__ = ["copy", "copy_", "swap", "swap_", "scal", "scal_", "axpby", "axpby_",
            "gemv", "gemv_", "geru", "geru_", "gemm", "gemm_",
            "softmax", "log_softmax", "cross_entropy", "layer_norm", "rms_norm", "gelu", "silu", "relu",
            "swiglu", "embedding", "rope", "attention", "add_layer_norm", "add_rms_norm",
-           "linear", "linear_cross_entropy"]
+           "linear", "linear_swiglu", "linear_cross_entropy"]
 
 
 _VALID: dict = {}  # (check, the arguments' signature) -> what the check returned
@@ -277,6 +277,16 @@ def linear(x, weight, bias=None, activation=None, backend=None):
     activation = "none" if activation is None else activation
     p = _validated(_check.check_linear, name, x, weight, bias, activation)
     return call("linear", x, weight, bias, p["activation"], name)[0]
+
+
+def linear_swiglu(x, w_gate, w_up, b_gate=None, b_up=None, backend=None):
+    """``silu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)`` for x ``(..., K)``, w_gate and w_up ``(F, K)``:
+    a SwiGLU feed-forward's gate and up projections and its gated unit (the triton kernel computes both
+    products from one pass over x, the unit in the epilogue). Output ``(..., F)`` in x's dtype."""
+    name = backend_for("linear_swiglu", backend)
+    x, w_gate, w_up, b_gate, b_up = autocast_inputs("linear_swiglu", x, w_gate, w_up, b_gate, b_up)
+    _validated(_check.check_linear_swiglu, name, x, w_gate, w_up, b_gate, b_up)
+    return call("linear_swiglu", x, w_gate, w_up, b_gate, b_up, name)[0]
 
 
 def linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean", backend=None):

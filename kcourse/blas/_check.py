@@ -485,6 +485,22 @@ def check_linear(backend, x, weight, bias, activation):
     return {"activation": activation}
 
 
+def check_linear_swiglu(backend, x, w_gate, w_up, b_gate, b_up):
+    op = "linear_swiglu"
+    tensor(op, "w_up", w_up, (2,))
+    for name, w, b in (("w_gate", w_gate, b_gate), ("w_up", w_up, b_up)):
+        try:
+            check_linear(backend, x, w, b, "none")
+        except ValueError as e:  # the same message, of this op and this weight
+            raise ValueError(str(e).replace("linear: ", f"{op}: ", 1).replace("weight", name)) from None
+    if w_up.shape != w_gate.shape:
+        raise ValueError(f"{op}: w_gate is {shape(w_gate)} and w_up is {shape(w_up)}; they must have one shape")
+    if (b_gate is None) != (b_up is None):
+        raise ValueError(f"{op}: b_gate and b_up must both be given or both be None")
+    same_kind(op, backend, x=x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
+    return {}
+
+
 def _norm_params(op, backend, x, eps, residual=None, **params):
     """eps, after the checks of a norm of x over its last dim: the (D,) parameters ``params`` (weight, bias;
     None or 1-D of D), and for the fused add + norms a ``residual`` of x's shape; one dtype and device."""

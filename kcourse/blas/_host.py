@@ -19,8 +19,9 @@ the same launch helpers with the same signatures:
   add and norm kernels (pytorch, cute).
 - ``rope_ops``: the backward is the rotation by ``-theta``.
 - ``embedding_ops``: the gather's output and the float32 scatter-add accumulator.
-- ``linear_ops``: a linear layer with its activation over a backend's gemm, gemv and activation
-  kernels, the activation in the gemm's epilogue where the backend's gemm takes one (every backend's).
+- ``linear_ops`` / ``linear_swiglu_ops``: a linear layer with its activation, and SwiGLU's gate and
+  up projections with the gated unit, over a backend's gemm, gemv and activation kernels, in the
+  gemm's epilogue where the backend's gemm takes one (every backend's).
 - ``linear_cross_entropy_ops``: the LM head and its loss a chunk of rows at a time, over a backend's
   gemm, gemv and cross_entropy kernels (every backend's, the python reference's included).
 """
@@ -268,6 +269,52 @@ CHUNKS = 8  # the rows in about this many chunks: each chunk's logits an eighth 
 MIN_CHUNK_LOGITS = 1 << 24  # and at least this many logits per chunk (few, large gemms for small N V)
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (M, D), a view where t's strides allow (D or M may be 0)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _projection(gemm, rows, weight, bias, **epilogue):
+    """z = rows W^T + b (M, N) by one gemm (the bias as C, beta = 1), into a new tensor, or into
+    ``epilogue["out"]`` with the gemm's other epilogue arguments; nothing launched for no output."""
+    M, N = rows.shape[0], weight.shape[0]
+    C, beta = (None, 0.0) if bias is None else (bias.expand(M, N), 1.0)
+    out = epilogue.pop("out", None)
+    out = rows.new_empty(M, N) if out is None else out
+    if out.numel():
+        gemm(rows, weight.mT, C, 1.0, beta, out, **epilogue)  # (M, K) @ (K, N)
+    return out
+
+
+def _projection_grads(gemm, gemv, dzs, rows, weights, needs, x_shape):
+    """dx = sum_i dz_i W_i, and dW_i = dz_i^T x, db_i = dz_i^T 1 for each projection i (M, N_i) of the
+    same rows (M, K): ``needs`` over x, the weights, then the biases. dx sums in place (beta = 1)."""
+    M, K = rows.shape
+    dx = None
+    if needs[0]:
+        dx = rows.new_empty(M, K)
+        for i, (dz, weight) in enumerate(zip(dzs, weights)):
+            if dx.numel():
+                gemm(dz, weight, None if i == 0 else dx, 1.0, 0.0 if i == 0 else 1.0, dx)  # (M, N) @ (N, K)
+        dx = dx.reshape(x_shape)
+    n = len(weights)
+    dweights, dbiases = [], []
+    for dz, weight, need_w, need_b in zip(dzs, weights, needs[1:1 + n], needs[1 + n:]):
+        N = weight.shape[0]
+        dweight = dbias = None
+        if need_w:
+            dweight = weight.new_zeros(N, K) if M == 0 else weight.new_empty(N, K)
+            if M and dweight.numel():
+                gemm(dz.mT, rows, None, 1.0, 0.0, dweight)  # (N, M) @ (M, K)
+        if need_b:
+            dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
+            if M and N:
+                gemv(dz.mT, dz.new_ones(M), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
+        dweights.append(dweight)
+        dbiases.append(dbias)
+    return (dx, *dweights, *dbiases)
+
+
 def linear_ops(*, gemm, gemv, activations, epilogue=False):
     """``(linear, linear_backward)`` of a backend from its own kernels (as ``kcourse.blas.<backend>``
     exports them): ``gemm``, ``gemv`` and ``activations``, {"gelu": (gelu, gelu_backward), "relu": ...,
@@ -289,53 +336,67 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
         params = {"approximate": "tanh" if name == "gelu_tanh" else "none"} if name.startswith("gelu") else {}
         return forward, backward, params
 
-    def as_rows(t):
-        """(..., D) -> (M, D), a view where t's strides allow (K or N may be 0)."""
-        return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
-
     def linear(x, weight, bias, activation):
-        rows = as_rows(x)  # (M, K)
-        M, N = rows.shape[0], weight.shape[0]
-        C, beta = (None, 0.0) if bias is None else (bias.expand(M, N), 1.0)
-        z = x.new_empty(M, N)
-        y = x.new_empty(M, N) if epilogue and activation != "none" else None
-        if z.numel():
-            if y is not None:
-                gemm(rows, weight.mT, C, 1.0, beta, y, activation=activation, z=z)
-            else:
-                gemm(rows, weight.mT, C, 1.0, beta, z)  # (M, K) @ (K, N)
+        rows, N = as_rows(x), weight.shape[0]
         if activation == "none":
-            return z.reshape(*x.shape[:-1], N), (x, weight)
-        if y is None:
+            return _projection(gemm, rows, weight, bias).reshape(*x.shape[:-1], N), (x, weight)
+        if epilogue:
+            z = rows.new_empty(rows.shape[0], N)
+            y = _projection(gemm, rows, weight, bias, out=rows.new_empty(rows.shape[0], N), activation=activation, z=z)
+        else:
+            z = _projection(gemm, rows, weight, bias)
             forward, _, params = act(activation)
             y = forward(z, **params)[0]
         return y.reshape(*x.shape[:-1], N), (x, weight, z)
 
     def linear_backward(dout, cache, needs, activation):
         x, weight, *z = cache
-        (N, K), rows = weight.shape, as_rows(x)
-        M = rows.shape[0]
         dz = as_rows(dout)  # (M, N)
         if activation != "none" and dz.numel():
             _, backward, params = act(activation)
             dz = backward(dz, (z[0],), (True,), **params)[0]
-        dx = dweight = dbias = None
-        if needs[0]:
-            dx = x.new_empty(M, K)
-            if dx.numel():
-                gemm(dz, weight, None, 1.0, 0.0, dx)  # (M, N) @ (N, K)
-            dx = dx.reshape(x.shape)
-        if needs[1]:
-            dweight = weight.new_zeros(N, K) if M == 0 else weight.new_empty(N, K)
-            if M and dweight.numel():
-                gemm(dz.mT, rows, None, 1.0, 0.0, dweight)  # (N, M) @ (M, K)
-        if needs[2]:
-            dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
-            if M and N:
-                gemv(dz.mT, dz.new_ones(M), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
-        return dx, dweight, dbias
+        return _projection_grads(gemm, gemv, [dz], as_rows(x), [weight], needs, x.shape)
 
     return linear, linear_backward
+
+
+def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
+    """``(linear_swiglu, linear_swiglu_backward)`` of a backend from its own kernels: the gate and up
+    projections of a SwiGLU feed-forward and the gated unit, x (..., K) as rows (M, K), W_g and W_u (F, K):
+
+        g = x W_g^T + b_g,   u = x W_u^T + b_u      two gemms; ``epilogue``: one pass of the backend's gemm
+                                                   over x with two accumulators (``gemm(..., B2=)``)
+        y = silu(g) * u                            the swiglu kernel; ``epilogue``: in that gemm's epilogue
+
+    The cache is (x, W_g, W_u, g, u). Backward, dy as rows (M, F):
+
+        dg, du = swiglu's backward                 dg = dy u silu'(g),  du = dy silu(g)
+        dx = dg W_g + du W_u,  dW_g = dg^T x,  dW_u = du^T x,  db_g = dg^T 1,  db_u = du^T 1
+    """
+
+    def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
+        rows, F = as_rows(x), w_gate.shape[0]
+        if epilogue:  # the pair's kernel reads W_u (b_u) through W_g's (b_g's) strides
+            if w_up.stride() != w_gate.stride():
+                w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
+            if b_up is not None and b_up.stride() != b_gate.stride():
+                b_gate, b_up = b_gate.contiguous(), b_up.contiguous()
+            g, u = rows.new_empty(rows.shape[0], F), rows.new_empty(rows.shape[0], F)
+            C2 = None if b_up is None else b_up.expand(rows.shape[0], F)
+            y = _projection(gemm, rows, w_gate, b_gate, out=rows.new_empty(rows.shape[0], F), activation="silu",
+                            z=g, B2=w_up.mT, C2=C2, z2=u)
+        else:
+            g, u = _projection(gemm, rows, w_gate, b_gate), _projection(gemm, rows, w_up, b_up)
+            y = swiglu(g, u)[0]
+        return y.reshape(*x.shape[:-1], F), (x, w_gate, w_up, g, u)
+
+    def linear_swiglu_backward(dout, cache, needs):
+        x, w_gate, w_up, g, u = cache
+        dy = as_rows(dout)  # (M, F)
+        dg, du = swiglu_backward(dy, (g, u), (True, True)) if dy.numel() else (dy, dy)
+        return _projection_grads(gemm, gemv, [dg, du], as_rows(x), [w_gate, w_up], needs, x.shape)
+
+    return linear_swiglu, linear_swiglu_backward
 
 
 def chunk_rows(N: int, V: int) -> int:

@@ -56,10 +56,10 @@ _PROMOTE = {"axpby": "promote", "dot": "promote", "swap": "promote", "swiglu": "
 AUTOCAST = {
     "cuda": {"gemm": "lower", "gemv": "lower", "geru": "lower", "attention": "lower", "softmax": "fp32",
              "log_softmax": "fp32", "cross_entropy": "fp32", "layer_norm": "fp32", "rms_norm": "fp32",
-             "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear": "lower", "linear_cross_entropy": "lower",
-             **_PROMOTE},
+             "add_layer_norm": "fp32", "add_rms_norm": "fp32", "linear": "lower", "linear_swiglu": "lower",
+             "linear_cross_entropy": "lower", **_PROMOTE},
     "cpu": {"gemm": "lower", "attention": "lower", "cross_entropy": "fp32", "linear": "lower",
-            "linear_cross_entropy": "lower", "add_layer_norm": "promote", "add_rms_norm": "promote",
+            "linear_swiglu": "lower", "linear_cross_entropy": "lower", "add_layer_norm": "promote", "add_rms_norm": "promote",
             **_PROMOTE},  # torch's CPU lists
 }
 
@@ -686,13 +686,18 @@ def _head_extras(x, weight, target, bias, ignore_index, reduction, grads, float3
     return [x.new_empty(x.shape[:1], dtype=_acc_dtype(x))]
 
 
-def _linear_out(x, weight, bias, activation):
+def _linear_out(x, weight, *rest, **params):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _linear_extras(x, weight, bias, activation):
     """The pre-activation z = x W^T + b as rows (M, N), where an activation's backward reads it."""
     return [] if activation == "none" else [x.new_empty((math.prod(x.shape[:-1]), weight.shape[0]))]
+
+
+def _swiglu_extras(x, w_gate, *rest):
+    """The gate's and the up projection's outputs g and u as rows (M, F), which the backward reads."""
+    return [x.new_empty((math.prod(x.shape[:-1]), w_gate.shape[0])) for _ in range(2)]
 
 
 def _dense_pair(x, *rest, **params):
@@ -727,6 +732,10 @@ PRIMITIVES: dict[str, Primitive] = {
     "linear": Primitive("Tensor x, Tensor weight, Tensor? bias", "str activation",
                         lambda b, x, w, bi, p: _check.check_linear(b, x, w, bi, p["activation"]), _linear_out,
                         saved=("x", "weight"), extras=_linear_extras, grads=("x", "weight", "row")),
+    "linear_swiglu": Primitive("Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, Tensor? b_up", "",
+                               lambda b, x, wg, wu, bg, bu, p: _check.check_linear_swiglu(b, x, wg, wu, bg, bu),
+                               _linear_out, saved=("x", "w_gate", "w_up"), extras=_swiglu_extras,
+                               grads=("x", "w_gate", "w_up", "row", "row")),
     "linear_cross_entropy": Primitive("Tensor x, Tensor weight, Tensor target, Tensor? bias",
                                       "int ignore_index, str reduction, bool grads, bool float32_loss",
                                       lambda b, x, w, t, bi, p: _check.check_linear_cross_entropy(

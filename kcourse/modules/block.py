@@ -29,7 +29,7 @@ def make_feed_forward(c, backend):
     hidden = c.mlp_hidden or 4 * c.n_embd
     bias = c.bias if c.mlp_bias is None else c.mlp_bias
     if activation == "swiglu":
-        return SwiGLU(c.n_embd, hidden, bias, backend)
+        return SwiGLU(c.n_embd, hidden, bias, backend, fused=c.fused)
     if activation in ACTIVATIONS:
         return MLP(c.n_embd, hidden, activation, bias, backend, fused=c.fused)
     raise ValueError(f"activation must be 'swiglu' or one of {', '.join(ACTIVATIONS)}, got {activation!r}")

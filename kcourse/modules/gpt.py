@@ -34,8 +34,9 @@ class GPTConfig:
     head_dim: int | None = None  # None: n_embd // n_head
     attn_bias: bool | None = None  # biases of c_attn and c_proj; None: bias
     mlp_bias: bool | None = None  # biases of the feed-forward's projections; None: bias
-    fused: bool = True  # kcourse's fused ops: an MLP's first projection and activation as one blas.linear, a
-    #                     block's first residual add and second norm as one add_layer_norm / add_rms_norm;
+    fused: bool = True  # kcourse's fused ops: an MLP's first projection and activation as one blas.linear
+    #                     (SwiGLU's gate and up projections and the unit as one linear_swiglu), a block's
+    #                     first residual add and second norm as one add_layer_norm / add_rms_norm;
     #                     False: each op on its own (for teaching and comparison), the loss's too
     fused_loss: bool = True  # with targets: the LM head and the loss as one op (blas.linear_cross_entropy)
 

@@ -33,14 +33,21 @@ class MLP(Module):
 
 
 class SwiGLU(Module):
-    """``w_down(silu(w_gate x) * w_up x)``: ``dim -> hidden -> dim`` (Llama's feed-forward)."""
+    """``w_down(silu(w_gate x) * w_up x)``: ``dim -> hidden -> dim`` (Llama's feed-forward). ``fused``:
+    the gate and up projections and the gated unit as one op (``blas.linear_swiglu``)."""
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False, backend=None):
+    def __init__(self, dim: int, hidden: int, bias: bool = False, backend=None, fused: bool = True):
         super().__init__(backend)
+        self.hidden, self.fused = hidden, fused
         self.w_gate = Linear(dim, hidden, bias, backend)
         self.w_up = Linear(dim, hidden, bias, backend)
         self.w_down = Linear(hidden, dim, bias, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = blas.swiglu(self.w_gate(x), self.w_up(x), backend=self.backend)  # (..., hidden)
+        if self.fused:
+            rows = x.reshape(-1, x.shape[-1])  # (N, dim)
+            h = blas.linear_swiglu(rows, self.w_gate.weight, self.w_up.weight, self.w_gate.bias, self.w_up.bias,
+                                   backend=self.backend).reshape(*x.shape[:-1], self.hidden)
+        else:
+            h = blas.swiglu(self.w_gate(x), self.w_up(x), backend=self.backend)  # (..., hidden)
         return self.w_down(h)  # (..., dim)

@@ -95,12 +95,19 @@ else:  # H100; a config whose buffers do not fit in shared memory is skipped by 
 assert all(SPLIT_ALIGN % c.kwargs["BLOCK_K"] == 0 for c in CONFIGS)
 
 
+PAIR_TILE = 128 * 128  # a gated pair keeps two float32 accumulators: tiles of at most this many elements
+
+
 def tiles_that_fit(configs, args, **kwargs):
     """Skip tiles far larger than the output: a 7 x 33 product tunes (and compiles) only the 64-wide
-    configs, and tuning a new small shape costs one or two compiles instead of all of them."""
+    configs, and tuning a new small shape costs one or two compiles instead of all of them. A gated
+    pair (a second B operand) takes tiles of at most PAIR_TILE elements: two accumulators of a
+    128 x 256 tile would not fit in registers."""
     M, N = max(64, triton.next_power_of_2(args["M"])), max(64, triton.next_power_of_2(args["N"]))
-    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N]
-    return fit or configs[-1:]
+    pair = args.get("B2_ptr", args.get("b2_desc")) is not None
+    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N
+           and not (pair and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > PAIR_TILE)]
+    return fit or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
 
 
 @triton.jit

@@ -62,8 +62,10 @@ def configs_that_fit(configs, args, **kwargs):
     if INTERPRET:
         return fit
     size, smem = args["A_ptr"].element_size(), _shared_memory(args["A_ptr"].device.index)
+    b_tiles = 1 if args["B2_ptr"] is None else 2
+
     def need(c):
-        return c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size
+        return c.num_stages * (c.kwargs["BLOCK_M"] + b_tiles * c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size
     return [c for c in fit if need(c) <= smem] or [min(configs, key=need)]
 
 
@@ -71,13 +73,15 @@ def configs_that_fit(configs, args, **kwargs):
                  prune_configs_by={"early_config_prune": configs_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
-def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, Z_ptr, M, N, K,
+def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, Z_ptr, B2_ptr, C2_ptr, Z2_ptr, M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                 stride_cb, stride_cm, stride_cn, stride_ob, stride_om, stride_on, alpha, beta,
                 ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # A: (batch, M, K); B: (batch, K, N); C, out: (batch, M, N); C_ptr is None when beta == 0;
-    # Z: None, or (batch, M, N) with out's strides: z = alpha A B + beta C there, act(z) in out
+    # Z: None, or (batch, M, N) with out's strides: z = alpha A B + beta C there, act(z) in out.
+    # B2 (B's strides), C2 (C's), Z2 (out's): None, or a gated pair: out = act(z) * z2 for the second
+    # product z2 = alpha A B2 + beta C2, from the same A tiles (stored in Z2 when given)
     batch, tile_m, tile_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = batch.to(tl.int64)  # int64 offsets: a huge tensor must not overflow them
     rows = tile_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -88,21 +92,25 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, Z_ptr, M, N, K,
     # in bounds and needs no mask; the store below drops those rows and columns
     a_rows, b_cols = rows % M, cols % N
     a_ptrs = A_ptr + batch * stride_ab + a_rows[:, None] * stride_am + ks[None, :] * stride_ak  # (BLOCK_M, BLOCK_K)
-    b_ptrs = B_ptr + batch * stride_bb + ks[:, None] * stride_bk + b_cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
+    b_offsets = batch * stride_bb + ks[:, None] * stride_bk + b_cols[None, :] * stride_bn  # (BLOCK_K, BLOCK_N)
+    b_ptrs = B_ptr + b_offsets
     a_step = BLOCK_K * tl.cast(stride_ak, tl.int64)
     b_step = BLOCK_K * tl.cast(stride_bk, tl.int64)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if B2_ptr is not None:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        b2_ptrs = B2_ptr + b_offsets
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:  # K is a multiple of BLOCK_K: no mask at all in the main loop
-            a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            k_mask = None
         else:
             k_mask = ks < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a = _load_k(a_ptrs, k_mask, 1, EVEN_K, UPCAST)
+        acc = tl.dot(a, _load_k(b_ptrs, k_mask, 0, EVEN_K, UPCAST), acc, input_precision=PRECISION)
+        if B2_ptr is not None:
+            acc2 = tl.dot(a, _load_k(b2_ptrs, k_mask, 0, EVEN_K, UPCAST), acc2, input_precision=PRECISION)
+            b2_ptrs += b_step
         a_ptrs += a_step
         b_ptrs += b_step
 
@@ -111,20 +119,46 @@ def gemm_kernel(A_ptr, B_ptr, C_ptr, out_ptr, Z_ptr, M, N, K,
     offsets = batch * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
     if Z_ptr is not None:  # the pre-activation, for the backward
         tl.store(Z_ptr + offsets, out.to(Z_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + offsets, activate(out, ACTIVATION).to(out_ptr.dtype.element_ty), mask=mask)
+    y = activate(out, ACTIVATION)
+    if B2_ptr is not None:  # the gated pair: act(z) * z2
+        up = scale_and_add(acc2, alpha, beta, C2_ptr, batch, rows, cols, stride_cb, stride_cm, stride_cn, mask)
+        if Z2_ptr is not None:
+            tl.store(Z2_ptr + offsets, up.to(Z2_ptr.dtype.element_ty), mask=mask)
+        y = y * up
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemm(A, B, C, alpha, beta, out, activation="none", z=None):
+@triton.jit
+def _load_k(ptrs, k_mask, AXIS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """A k-step's tile of an operand whose k runs along ``AXIS`` (1: A's (M, K) tile, 0: B's (K, N)),
+    masked past K unless EVEN_K; upcast to float32 under the interpreter (``UPCAST``)."""
+    if EVEN_K:
+        tile = tl.load(ptrs)
+    elif AXIS == 1:
+        tile = tl.load(ptrs, mask=k_mask[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs, mask=k_mask[:, None], other=0.0)
+    if UPCAST:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+def gemm(A, B, C, alpha, beta, out, activation="none", z=None, B2=None, C2=None, z2=None):
     """``out <- alpha * A B + beta * C`` for 2-D or (same-batch) 3-D operands; ``C`` is None when
     ``beta == 0``. With an ``activation`` ("gelu", "gelu_tanh", "relu", "silu": ``linear``'s), out
     gets act(z) of the float32 z = alpha A B + beta C, and ``z`` (out's shape and strides) z itself,
-    rounded. Returns ``out``."""
+    rounded. With ``B2`` (B's shape and strides; ``C2`` C's), a gated pair: out = act(z) * z2 for
+    z2 = alpha A B2 + beta C2 from the same tiles of A (``linear_swiglu``), z2 stored in ``z2``.
+    Returns ``out``."""
     if out.dim() == 2:  # a batch of one; [None] adds a leading dim to the view, nothing is copied
-        gemm(A[None], B[None], None if C is None else C[None], alpha, beta, out[None], activation,
-             None if z is None else z[None])
+        first = lambda t: None if t is None else t[None]  # noqa: E731
+        gemm(A[None], B[None], first(C), alpha, beta, out[None], activation, first(z), first(B2), first(C2),
+             first(z2))
         return out
-    assert z is None or (z.shape == out.shape and z.stride() == out.stride())
-    plan = tma_plan(A, B, out)
+    assert all(t is None or (t.shape == out.shape and t.stride() == out.stride()) for t in (z, z2))
+    assert B2 is None or B2.stride() == B.stride() and (C2 is None) == (C is None)
+    assert C2 is None or C2.stride() == C.stride()
+    plan = tma_plan(A, B, out) if B2 is None else None
     if plan is not None:
         return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z)
     batch, M, K = A.shape
@@ -132,8 +166,9 @@ def gemm(A, B, C, alpha, beta, out, activation="none", z=None):
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     grid = lambda meta: (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
     precision = "tf32" if tf32 else "ieee"
-    key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype, z is None)  # its pick
-    launch_tuned(gemm_kernel, grid, key, A, B, C, out, z, M, N, K, *A.stride(), *B.stride(),
+    key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype, z is None,
+           B2 is None)  # what the autotuner's pick depends on
+    launch_tuned(gemm_kernel, grid, key, A, B, C, out, z, B2, C2, z2, M, N, K, *A.stride(), *B.stride(),
                  *(C.stride() if C is not None else (0, 0, 0)), *out.stride(), alpha, beta, ACTIVATION=activation,
                  PRECISION=precision, UPCAST=INTERPRET and A.dtype != torch.float32)
     return out
