@@ -87,6 +87,18 @@ def test_empty(backend, shape):
     assert y.shape == (x_shape[0], F_) and dx.shape == x_shape and dwg.shape == dwu.shape == (F_, x_shape[1])
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", [(136, 72, 200), (64, 2048, 64)], ids=["tiles", "long-k"])
+def test_triton_tma_pair(triton_tma, case, bias):
+    # both products in the Hopper kernel (two accumulators from the same x tiles), the gated unit in its
+    # epilogue; a 64 x 64 output over k = 2048, which a single product would split in K, is not split
+    M, K, F_ = case
+    x, wg, wu, bg, bu, dy = inputs((M, K), F_, torch.float16, bias)
+    y = blas.linear_swiglu(x, wg, wu, bg, bu, backend="triton")
+    assert len(triton_tma) == 1, "the pair did not take the Hopper kernel"
+    assert_close(y, blas.linear_swiglu(x, wg, wu, bg, bu, backend="python"), k=6 * K)
+
+
 def test_validation(backend):
     x, wg, wu = randn(3, 4), randn(5, 4), randn(5, 4)
     raises(ValueError, r"linear_swiglu: x is \(3, 6\) and w_gate is \(5, 4\); w_gate must be \(N, 6\)",

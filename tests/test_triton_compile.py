@@ -1,5 +1,6 @@
 """The triton gemm kernels compile for an sm_90 GPU on any machine: every epilogue activation of the
-pointer kernel, its gated pair (linear_swiglu), the Hopper (TMA) kernel and split K's summing kernel. The interpreter runs the
+pointer kernel and of the Hopper (TMA) kernel, both kernels' gated pair (linear_swiglu), and split K's
+summing kernel. The interpreter runs the
 kernels' Python, not Triton's compiler, so a construct it accepts can still fail to compile (a
 constexpr string, a None descriptor); this catches that without a GPU. Each compile runs in a fresh
 process without ``TRITON_INTERPRET`` (the test session's kernels are interpreted functions)."""
@@ -35,15 +36,19 @@ COMPILE = textwrap.dedent("""
             compile_(gemm.gemm_kernel.fn.fn, lambda n: "*fp16" if n.endswith("_ptr") else scalar(n),
                      {"ACTIVATION": act, "PRECISION": "ieee", "UPCAST": False, "BLOCK_M": 128, "BLOCK_N": 128,
                       "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": False, **none, **single}, num_warps=8, num_stages=3)
-        elif what == "tma":
-            bm, bn, bk = 128, 256, 64
+        elif what in ("tma", "tma-pair"):
+            pair = what == "tma-pair"
+            bm, bn, bk = (128, 128, 64) if pair else (128, 256, 64)
+            half = f"tensordesc<fp16[{bm}, {bn // 2}]>"
             desc = {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
-                    "out_desc": f"tensordesc<fp16[{bm}, {bn // 2}]>", "z_desc": f"tensordesc<fp16[{bm}, {bn // 2}]>"}
-            compile_(_gemm_tma.gemm_tma_kernel, lambda n: desc.get(n, "*fp16" if n == "C_ptr" else scalar(n)),
+                    "b2_desc": f"tensordesc<fp16[{bn}, {bk}]>", "out_desc": half, "z_desc": half, "z2_desc": half}
+            unused = {**({"z_desc": None} if act == "none" else {}),
+                      **({} if pair else {"b2_desc": None, "z2_desc": None, "C2_ptr": None})}
+            compile_(_gemm_tma.gemm_tma_kernel, lambda n: desc.get(n, "*fp16" if n.startswith("C") else scalar(n)),
                      {"ACTIVATION": act, "A_KMAJOR": True, "A_BATCHED": False, "B_KMAJOR": True, "B_BATCHED": False,
                       "OUT_BATCHED": False, "SPLIT": False, "NUM_SMS": 132, "BLOCK_M": bm, "BLOCK_N": bn,
-                      "BLOCK_K": bk, "GROUP_M": 8, "SUBTILE": True, "WARP_SPECIALIZE": False,
-                      **({"z_desc": None} if act == "none" else {})}, num_warps=8, num_stages=3)
+                      "BLOCK_K": bk, "GROUP_M": 8, "SUBTILE": True, "WARP_SPECIALIZE": False, **unused},
+                     num_warps=8, num_stages=3)
         else:
             compile_(_gemm_tma.splitk_sum_kernel,
                      lambda n: "*fp32" if n == "partial_ptr" else "*fp16" if n.endswith("_ptr") else scalar(n),
@@ -56,6 +61,7 @@ COMPILE = textwrap.dedent("""
     ("pointer", ["none", "gelu", "gelu_tanh", "relu", "silu"]),
     ("pair", ["silu"]),
     ("tma", ["none", "gelu"]),
+    ("tma-pair", ["silu"]),
     ("splitk", ["gelu_tanh"]),
 ])
 def test_gemm_epilogue_compiles_for_sm90(kernel, activations):

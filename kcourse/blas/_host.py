@@ -377,10 +377,11 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
     def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
         rows, F = as_rows(x), w_gate.shape[0]
         if epilogue:  # the pair's kernel reads W_u (b_u) through W_g's (b_g's) strides
+            dense = lambda t: t.clone(memory_format=torch.contiguous_format)  # noqa: E731  (the strides of its shape)
             if w_up.stride() != w_gate.stride():
-                w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
+                w_gate, w_up = dense(w_gate), dense(w_up)
             if b_up is not None and b_up.stride() != b_gate.stride():
-                b_gate, b_up = b_gate.contiguous(), b_up.contiguous()
+                b_gate, b_up = dense(b_gate), dense(b_up)
             g, u = rows.new_empty(rows.shape[0], F), rows.new_empty(rows.shape[0], F)
             C2 = None if b_up is None else b_up.expand(rows.shape[0], F)
             y = _projection(gemm, rows, w_gate, b_gate, out=rows.new_empty(rows.shape[0], F), activation="silu",

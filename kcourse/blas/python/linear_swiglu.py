@@ -1,6 +1,7 @@
-"""linear_swiglu: ``y = silu(x W_g^T + b_g) * (x W_u^T + b_u)`` (``_host.linear_swiglu_ops``): the reference: two gemms, then the swiglu kernel.
-Backward: swiglu's backward gives dg and du, then dx = dg W_g + du W_u (the second gemm adds in place),
-dW_g = dg^T x, dW_u = du^T x, and the biases' gemvs.
+"""linear_swiglu: ``y = silu(x W_g^T + b_g) * (x W_u^T + b_u)`` (``_host.linear_swiglu_ops``): the
+reference: two gemms, then the swiglu kernel. Backward: swiglu's backward gives dg and du, then dx =
+dg W_g + du W_u (the second gemm adds in place), dW_g = dg^T x, dW_u = du^T x, and the biases'
+gemvs.
 """
 from .. import _host
 from .gemm import gemm

@@ -83,8 +83,9 @@ def _set_block_shapes(nargs):
     nargs["a_desc"].block_shape = lead(nargs["A_BATCHED"]) + ([bm, bk] if nargs["A_KMAJOR"] else [bk, bm])
     nargs["b_desc"].block_shape = lead(nargs["B_BATCHED"]) + ([bn, bk] if nargs["B_KMAJOR"] else [bk, bn])
     nargs["out_desc"].block_shape = lead(nargs["OUT_BATCHED"]) + [bm, bn // 2 if nargs["SUBTILE"] else bn]
-    if nargs["z_desc"] is not None:
-        nargs["z_desc"].block_shape = nargs["out_desc"].block_shape
+    for twin, of in (("z_desc", "out_desc"), ("z2_desc", "out_desc"), ("b2_desc", "b_desc")):
+        if nargs[twin] is not None:
+            nargs[twin].block_shape = nargs[of].block_shape
 
 
 if INTERPRET:  # only tests run this kernel under the interpreter (gemm.py never picks it there)
@@ -161,29 +162,51 @@ def _store_tile(desc, tile, z, m0, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _store_part(out_desc, z_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
-                ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BATCHED: tl.constexpr):
+def _store_part(out_desc, z_desc, z2_desc, acc, acc2, C_ptr, C2_ptr, z, m0, n0, M, N, stride_cz, stride_cm,
+                stride_cn, alpha, beta, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                OUT_BATCHED: tl.constexpr):
     """out[z, m0:, n0:] <- act(alpha * acc + beta * C) for one (BLOCK_M, BLOCK_N) accumulator, and
-    the pre-activation into z_desc's tensor unless it is None."""
+    the pre-activation into z_desc's tensor unless it is None; with a second accumulator (a gated
+    pair) out gets act(...) * (alpha * acc2 + beta * C2), and that factor goes to z2_desc's tensor."""
     rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     out = scale_and_add(acc, alpha, beta, C_ptr, z.to(tl.int64), rows, cols, stride_cz, stride_cm, stride_cn, mask)
     if z_desc is not None:
         _store_tile(z_desc, out, z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
-    _store_tile(out_desc, activate(out, ACTIVATION), z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
+    y = activate(out, ACTIVATION)
+    if acc2 is not None:
+        up = scale_and_add(acc2, alpha, beta, C2_ptr, z.to(tl.int64), rows, cols, stride_cz, stride_cm, stride_cn,
+                           mask)
+        if z2_desc is not None:
+            _store_tile(z2_desc, up, z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
+        y = y * up
+    _store_tile(out_desc, y, z, m0, n0, BLOCK_M, BLOCK_N, OUT_BATCHED)
 
 
 @triton.jit
-def gemm_tma_kernel(a_desc, b_desc, out_desc, z_desc, C_ptr, M, N, K, Z, k_split, stride_cz, stride_cm, stride_cn,
+def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N / 2) left and right halves of a tile (None: None, None)."""
+    if acc is None:
+        left, right = None, None
+    else:
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    return left, right
+
+
+@triton.jit
+def gemm_tma_kernel(a_desc, b_desc, out_desc, z_desc, b2_desc, z2_desc, C_ptr, C2_ptr, M, N, K, Z, k_split,
+                    stride_cz, stride_cm, stride_cn,
                     alpha, beta, ACTIVATION: tl.constexpr, A_KMAJOR: tl.constexpr, A_BATCHED: tl.constexpr,
                     B_KMAJOR: tl.constexpr, B_BATCHED: tl.constexpr, OUT_BATCHED: tl.constexpr, SPLIT: tl.constexpr,
                     NUM_SMS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     # A: (Z?, M, K) [(Z?, K, M) when not A_KMAJOR]; B: (Z?, K, N) [(Z?, N, K) when B_KMAJOR];
-    # out: (Z?, M, N), z_desc: None or out's twin (the pre-activation); C: (Z, M, N) or None. Z is the batch, or with SPLIT the number of k ranges
-    # (A and B are then 2-D, out is the (Z, M, N) float32 partial sums and C is None).
+    # out: (Z?, M, N), z_desc: None or out's twin (the pre-activation); C: (Z, M, N) or None. Z is the
+    # batch, or with SPLIT the number of k ranges (A and B are then 2-D, out is the (Z, M, N) float32
+    # partial sums and C is None). b2_desc (B's layout), C2 (C's strides), z2_desc (out's): None, or a
+    # gated pair: out = act(z) * z2, z2 = alpha A B2 + beta C2 from the same A tiles (never with SPLIT).
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(k_split, BLOCK_K)  # the same for every tile: the fused loop needs that
     # the epilogue recomputes its tile from a counter of its own, so that the software pipeline
@@ -197,24 +220,32 @@ def gemm_tma_kernel(a_desc, b_desc, out_desc, z_desc, C_ptr, M, N, K, Z, k_split
         else:
             k0 = 0
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if b2_desc is not None:
+            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            acc2 = None
         for i in range(k_steps):
             k = k0 + i * BLOCK_K
             a = _load_tile(a_desc, z, tile_m * BLOCK_M, k, BLOCK_M, BLOCK_K, not A_KMAJOR, A_BATCHED)  # (BM, BK)
             b = _load_tile(b_desc, z, k, tile_n * BLOCK_N, BLOCK_K, BLOCK_N, B_KMAJOR, B_BATCHED)  # (BK, BN)
             acc = tl.dot(a, b, acc)
+            if b2_desc is not None:
+                acc2 = tl.dot(a, _load_tile(b2_desc, z, k, tile_n * BLOCK_N, BLOCK_K, BLOCK_N, B_KMAJOR, B_BATCHED),
+                              acc2)
 
         done += NUM_SMS
         z, tile_m, tile_n = grouped_tile(done, tiles_m, tiles_n, GROUP_M)
         m0, n0 = tile_m * BLOCK_M, tile_n * BLOCK_N
         if SUBTILE:  # two (BM, BN / 2) halves: half the shared-memory staging buffer
-            left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            _store_part(out_desc, z_desc, left, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha,
-                        beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
-            _store_part(out_desc, z_desc, right, C_ptr, z, m0, n0 + BLOCK_N // 2, M, N, stride_cz, stride_cm,
+            left, right = _halves(acc, BLOCK_M, BLOCK_N)
+            left2, right2 = _halves(acc2, BLOCK_M, BLOCK_N)
+            _store_part(out_desc, z_desc, z2_desc, left, left2, C_ptr, C2_ptr, z, m0, n0, M, N, stride_cz, stride_cm,
                         stride_cn, alpha, beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
+            _store_part(out_desc, z_desc, z2_desc, right, right2, C_ptr, C2_ptr, z, m0, n0 + BLOCK_N // 2, M, N,
+                        stride_cz, stride_cm, stride_cn, alpha, beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
         else:
-            _store_part(out_desc, z_desc, acc, C_ptr, z, m0, n0, M, N, stride_cz, stride_cm, stride_cn, alpha, beta,
-                        ACTIVATION, BLOCK_M, BLOCK_N, OUT_BATCHED)
+            _store_part(out_desc, z_desc, z2_desc, acc, acc2, C_ptr, C2_ptr, z, m0, n0, M, N, stride_cz, stride_cm,
+                        stride_cn, alpha, beta, ACTIVATION, BLOCK_M, BLOCK_N, OUT_BATCHED)
 
 
 @triton.jit
@@ -342,30 +373,35 @@ def _descriptor(x, batched):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1] * x.dim())
 
 
-def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None):
+def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None, B2=None, C2=None,
+            z2=None):
     a_kmajor, a_batched, b_kmajor, b_batched = plan
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
     sms = num_sms(A.device)
     grid = lambda meta: (min(sms, Z * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
     # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
-    key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None)
-    launch_tuned(tuned, grid, key, _descriptor(A if a_kmajor else A.mT, a_batched),
-                 _descriptor(B.mT if b_kmajor else B, b_batched), _descriptor(out, Z > 1),
-                 None if z is None else _descriptor(z, Z > 1), C, M, N, K, Z, k_split,
+    key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None,
+           B2 is None)
+    b_operand = lambda b: _descriptor(b.mT if b_kmajor else b, b_batched)  # noqa: E731
+    launch_tuned(tuned, grid, key, _descriptor(A if a_kmajor else A.mT, a_batched), b_operand(B),
+                 _descriptor(out, Z > 1), None if z is None else _descriptor(z, Z > 1),
+                 None if B2 is None else b_operand(B2), None if z2 is None else _descriptor(z2, Z > 1), C, C2,
+                 M, N, K, Z, k_split,
                  *(C.stride() if C is not None else (0, 0, 0)), alpha, beta, ACTIVATION=activation,
                  A_KMAJOR=a_kmajor, A_BATCHED=a_batched,
                  B_KMAJOR=b_kmajor, B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
 
 
-def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None):
+def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None, C2=None, z2=None):
     """``out <- alpha * A B + beta * C`` for the (batch, m, k) A, (batch, k, n) B, (batch, m, n) C
     (None when beta == 0) and out, with ``plan = tma_plan(A, B, out)``; with an ``activation``, act of
-    that into out and the pre-activation into ``z`` (as ``gemm.gemm``). Returns ``out``."""
+    that into out and the pre-activation into ``z``, and with ``B2`` (B's layout) the gated pair, as
+    ``gemm.gemm`` (never split in K). Returns ``out``."""
     batch, M, K = A.shape
     N = B.shape[2]
-    splits, k_split = split_k(batch, M, N, K, num_sms(A.device))
+    splits, k_split = split_k(batch, M, N, K, num_sms(A.device)) if B2 is None else (1, K)
     if splits == 1:
-        _launch(A, B, C, alpha, beta, out, plan, batch, K, False, activation, z)
+        _launch(A, B, C, alpha, beta, out, plan, batch, K, False, activation, z, B2, C2, z2)
         return out
     partial = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)  # (S, M, N)
     _launch(A, B, None, 1.0, 0.0, partial, plan, splits, k_split, True)

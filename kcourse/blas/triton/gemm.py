@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_plan
+from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_layout, tma_plan
 from ._launch import INTERPRET, autotune, launch_tuned
 from ._pointwise import activate
 
@@ -158,9 +158,9 @@ def gemm(A, B, C, alpha, beta, out, activation="none", z=None, B2=None, C2=None,
     assert all(t is None or (t.shape == out.shape and t.stride() == out.stride()) for t in (z, z2))
     assert B2 is None or B2.stride() == B.stride() and (C2 is None) == (C is None)
     assert C2 is None or C2.stride() == C.stride()
-    plan = tma_plan(A, B, out) if B2 is None else None
-    if plan is not None:
-        return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z)
+    plan = tma_plan(A, B, out)
+    if plan is not None and (B2 is None or tma_layout(B2, A.shape[0]) == tma_layout(B, A.shape[0])):
+        return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z, B2, C2, z2)
     batch, M, K = A.shape
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
