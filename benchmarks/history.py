@@ -196,17 +196,23 @@ def rows_from_host(results: dict) -> list[dict]:
     return rows
 
 
+FUSED_MODES = ("fused", "unfused", "eager", "compile")  # benchmarks/fused.py's variants
+
+
 def rows_from_fused(results: dict) -> list[dict]:
-    """The rows of a ``benchmarks/fused.py`` fused.json: a forward and backward of the LM head and its
-    loss, each fused variant against its backend's unfused composition (ratio: their time over ours)."""
+    """The rows of a ``benchmarks/fused.py`` fused.json: a forward and backward of each fused op, each
+    fused variant against its backend's unfused composition (ratio: their time over ours). Older runs
+    held the LM head and loss only, its shape as N, d, V."""
     meta = results["meta"]
     rows = []
     for r in results["fused"]:
         if "ms" not in r:
             continue
         backend, _, mode = r["variant"].partition(":")
+        op = r.get("op", "linear_cross_entropy")
+        shape = " x ".join(map(str, r["shape"])) if "shape" in r else f"N{r['N']} d{r['d']} V{r['V']}"
         rows.append(_clean(dict(
-            op="linear_cross_entropy", backend=backend, shape=f"N{r['N']} d{r['d']} V{r['V']}", dtype=meta["dtype"],
+            op=op, backend=backend, shape=shape, dtype=meta["dtype"],
             direction="fwd+bwd", mode=mode, ms=_round(r["ms"]),
             peak_gib=_round(r["peak_bytes"] / 2**30) if r.get("peak_bytes") is not None else None,
             baseline=f"{backend}:unfused" if "ratio_time" in r else None,
@@ -429,14 +435,15 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['prefill_ms']:.2f}", f"{r['ms']:.3f}",
                        f"{r['rate']:,.0f}", ratio(r, baseline=True), r["date"][:10]),
             sorted((r for r in rows if r["op"] == "gpt_decode"), key=lambda r: (r["shape"], r["mode"], _order(r))))
-    section("LM head and loss, fused (`benchmarks/fused.py`)",
+    section("Fused ops (`benchmarks/fused.py`)",
             "One forward and backward. Speed: the backend's unfused composition's time over the fused op's (target "
-            ">= 1.0x); memory: the fused op's peak over the unfused one's (target <= 0.25x). torch's rows are "
-            "F.linear then F.cross_entropy.",
-            "shape | backend | variant | dtype | ms> | peak GiB> | speed vs unfused> | memory vs unfused> | date",
-            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}", number(r.get("peak_gib"), ".2f"),
-                       ratio(r), number(r.get("memory_ratio"), ".3f"), r["date"][:10]),
-            sorted((r for r in rows if r["op"] == "linear_cross_entropy"), key=lambda r: (r["shape"], _order(r), r["mode"])))
+            ">= 1.0x); memory: the fused op's peak over the unfused one's (the LM head's target <= 0.25x). torch's "
+            "rows are the torch.nn.functional composition, eager and compiled.",
+            "op | shape | backend | variant | dtype | ms> | peak GiB> | speed vs unfused> | memory vs unfused> | date",
+            lambda r: (r["op"], r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}",
+                       number(r.get("peak_gib"), ".2f"), ratio(r), number(r.get("memory_ratio"), ".3f"), r["date"][:10]),
+            sorted((r for r in rows if r.get("direction") == "fwd+bwd" and r["mode"] in FUSED_MODES),
+                   key=lambda r: (r["op"], r["shape"], _order(r), r["mode"])))
     section("Against the peers (`benchmarks/peers.py`)",
             "Per op, direction, dtype and kcourse backend, over the row lengths: the best peer's ms over ours at "
             "each point (above 1: faster than every peer; target >= 1.00 everywhere, >= 0.95 at no more than two "
