@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,6 +61,16 @@ def test_gelu_extremes(backend, approximate):
     y_torch, dx_torch = gelu_and_grad(x, dy, approximate, lambda t: F.gelu(t, approximate=approximate))
     assert_close(y, y_torch)
     assert_close(dx, dx_torch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", MODES)
+def test_gelu_infinities(backend, dtype, approximate):
+    # the formula's values, on every backend: gelu(+inf) = +inf, gelu(-inf) = -inf * 0 = NaN. Enough
+    # elements for torch's vectorized CPU kernel, whose exact form gave NaN at +inf
+    x = torch.tensor([math.inf, -math.inf] * 20, dtype=dtype, device=DEVICE)
+    y = blas.gelu(x, approximate, backend=backend)
+    assert (y[0::2] == math.inf).all() and y[1::2].isnan().all()
 
 
 def test_gelu_empty(backend):
