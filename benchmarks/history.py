@@ -10,8 +10,9 @@
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
 ``benchmarks/results/history.jsonl`` holds one JSON object a line: for each run, first a run line
-``{"run": {"device", "date", "versions", "commit"}}`` (what it ran with, written once), then one line
-per measured point, which ``load`` returns with its run's versions and commit:
+``{"run": {"device", "date", "versions", "commit"}}`` (where, when and with what it ran), then one line
+per measured point, which ``load`` returns with the device, date, versions and commit of the run line
+above it:
 
     op, backend, shape, dtype, direction   what was timed (``backend`` is torch's own op for a reference row)
     ms                                     median milliseconds of one call
@@ -303,28 +304,28 @@ def load(path: Path = HISTORY) -> list[dict]:
     """Every measured point, each with its run's versions and commit."""
     if not path.exists():
         return []
-    rows, runs = [], {}
+    rows, run = [], {}
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
             if "run" in row:
-                runs[(row["run"]["device"], row["run"]["date"])] = row["run"]
+                run = row["run"]
             else:
-                run = runs.get((row["device"], row["date"]), {})
-                rows.append({**row, **{k: run[k] for k in RUN_FIELDS if k in run}})
+                rows.append({**row, **{k: run[k] for k in ("device", "date", *RUN_FIELDS) if k in run}})
     return rows
 
 
 def write(rows: list[dict], f) -> None:
-    """``rows`` (sorted by date) as history lines: each run's line before its first point."""
-    written = set()
+    """``rows`` (sorted by date) as history lines: a run line wherever the run changes, then its points
+    without what the run line holds."""
+    run = None
     for row in rows:
-        run = (row["device"], row["date"])
-        if run not in written:
-            written.add(run)
-            header = {"device": row["device"], "date": row["date"], **{k: row[k] for k in RUN_FIELDS if k in row}}
+        header = {"device": row["device"], "date": row["date"], **{k: row[k] for k in RUN_FIELDS if k in row}}
+        if header != run:
+            run = header
             f.write(json.dumps({"run": header}, separators=(",", ":")) + "\n")
-        f.write(json.dumps({k: v for k, v in row.items() if k not in RUN_FIELDS}, separators=(",", ":")) + "\n")
+        f.write(json.dumps({k: v for k, v in row.items() if k not in ("device", "date", *RUN_FIELDS)},
+                           separators=(",", ":")) + "\n")
 
 
 def add(paths: list[Path], history: Path = HISTORY) -> int:
