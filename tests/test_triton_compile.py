@@ -3,7 +3,7 @@ pointer kernel and of the Hopper (TMA) kernel, both kernels' gated pair (linear_
 summing kernel. The interpreter runs the
 kernels' Python, not Triton's compiler, so a construct it accepts can still fail to compile (a
 constexpr string, a None descriptor); this catches that without a GPU. Each compile runs in a fresh
-process without ``TRITON_INTERPRET`` (the test session's kernels are interpreted functions)."""
+process without ``TRITON_INTERPRET`` (under pytest here the kernels are interpreted functions)."""
 import os
 import subprocess
 import sys

@@ -28,7 +28,6 @@ the same launch helpers with the same signatures:
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -269,18 +268,12 @@ CHUNKS = 8  # the rows in about this many chunks: each chunk's logits an eighth 
 MIN_CHUNK_LOGITS = 1 << 24  # and at least this many logits per chunk (few, large gemms for small N V)
 
 
-def as_rows(t: torch.Tensor) -> torch.Tensor:
-    """(..., D) -> (M, D), a view where t's strides allow (D or M may be 0)."""
-    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
-
-
 def _projection(gemm, rows, weight, bias, **epilogue):
-    """z = rows W^T + b (M, N) by one gemm (the bias as C, beta = 1), into a new tensor, or into
-    ``epilogue["out"]`` with the gemm's other epilogue arguments; nothing launched for no output."""
+    """rows W^T + b (M, N) by one gemm (the bias as C, beta = 1) into a new tensor, with the gemm's
+    ``epilogue`` arguments (activation, z, ...) where given; nothing launched for no output."""
     M, N = rows.shape[0], weight.shape[0]
     C, beta = (None, 0.0) if bias is None else (bias.expand(M, N), 1.0)
-    out = epilogue.pop("out", None)
-    out = rows.new_empty(M, N) if out is None else out
+    out = rows.new_empty(M, N)
     if out.numel():
         gemm(rows, weight.mT, C, 1.0, beta, out, **epilogue)  # (M, K) @ (K, N)
     return out
@@ -337,12 +330,12 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
         return forward, backward, params
 
     def linear(x, weight, bias, activation):
-        rows, N = as_rows(x), weight.shape[0]
+        rows, N = rows_of(x), weight.shape[0]
         if activation == "none":
             return _projection(gemm, rows, weight, bias).reshape(*x.shape[:-1], N), (x, weight)
         if epilogue:
             z = rows.new_empty(rows.shape[0], N)
-            y = _projection(gemm, rows, weight, bias, out=rows.new_empty(rows.shape[0], N), activation=activation, z=z)
+            y = _projection(gemm, rows, weight, bias, activation=activation, z=z)
         else:
             z = _projection(gemm, rows, weight, bias)
             forward, _, params = act(activation)
@@ -351,11 +344,11 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
 
     def linear_backward(dout, cache, needs, activation):
         x, weight, *z = cache
-        dz = as_rows(dout)  # (M, N)
+        dz = rows_of(dout)  # (M, N)
         if activation != "none" and dz.numel():
             _, backward, params = act(activation)
             dz = backward(dz, (z[0],), (True,), **params)[0]
-        return _projection_grads(gemm, gemv, [dz], as_rows(x), [weight], needs, x.shape)
+        return _projection_grads(gemm, gemv, [dz], rows_of(x), [weight], needs, x.shape)
 
     return linear, linear_backward
 
@@ -375,17 +368,11 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
     """
 
     def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
-        rows, F = as_rows(x), w_gate.shape[0]
-        if epilogue:  # the pair's kernel reads W_u (b_u) through W_g's (b_g's) strides
-            dense = lambda t: t.clone(memory_format=torch.contiguous_format)  # noqa: E731  (the strides of its shape)
-            if w_up.stride() != w_gate.stride():
-                w_gate, w_up = dense(w_gate), dense(w_up)
-            if b_up is not None and b_up.stride() != b_gate.stride():
-                b_gate, b_up = dense(b_gate), dense(b_up)
+        rows, F = rows_of(x), w_gate.shape[0]
+        if epilogue:
             g, u = rows.new_empty(rows.shape[0], F), rows.new_empty(rows.shape[0], F)
             C2 = None if b_up is None else b_up.expand(rows.shape[0], F)
-            y = _projection(gemm, rows, w_gate, b_gate, out=rows.new_empty(rows.shape[0], F), activation="silu",
-                            z=g, B2=w_up.mT, C2=C2, z2=u)
+            y = _projection(gemm, rows, w_gate, b_gate, activation="silu", z=g, B2=w_up.mT, C2=C2, z2=u)
         else:
             g, u = _projection(gemm, rows, w_gate, b_gate), _projection(gemm, rows, w_up, b_up)
             y = swiglu(g, u)[0]
@@ -393,9 +380,9 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
 
     def linear_swiglu_backward(dout, cache, needs):
         x, w_gate, w_up, g, u = cache
-        dy = as_rows(dout)  # (M, F)
+        dy = rows_of(dout)  # (M, F)
         dg, du = swiglu_backward(dy, (g, u), (True, True)) if dy.numel() else (dy, dy)
-        return _projection_grads(gemm, gemv, [dg, du], as_rows(x), [w_gate, w_up], needs, x.shape)
+        return _projection_grads(gemm, gemv, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
 
     return linear_swiglu, linear_swiglu_backward
 

@@ -156,8 +156,11 @@ def gemm(A, B, C, alpha, beta, out, activation="none", z=None, B2=None, C2=None,
              first(z2))
         return out
     assert all(t is None or (t.shape == out.shape and t.stride() == out.stride()) for t in (z, z2))
-    assert B2 is None or B2.stride() == B.stride() and (C2 is None) == (C is None)
-    assert C2 is None or C2.stride() == C.stride()
+    assert B2 is None or (B2.shape == B.shape and (C2 is None) == (C is None))
+    if B2 is not None and B2.stride() != B.stride():  # the kernel reads B2 (C2) through B's (C's) strides
+        B, B2 = (t.clone(memory_format=torch.contiguous_format) for t in (B, B2))
+    if C2 is not None and C2.stride() != C.stride():  # (two bias rows of unlike strides: an (M, N) copy each)
+        C, C2 = (t.clone(memory_format=torch.contiguous_format) for t in (C, C2))
     plan = tma_plan(A, B, out)
     if plan is not None and (B2 is None or tma_layout(B2, A.shape[0]) == tma_layout(B, A.shape[0])):
         return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z, B2, C2, z2)
