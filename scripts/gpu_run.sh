@@ -50,18 +50,21 @@ if [[ $what == fuzz ]]; then  # tests/test_fuzz.py's large budget on triton and 
 fi
 if [[ $what == fuzz-each ]]; then  # FUZZ_TESTS="test_embedding[triton] ...": each in its own process, at once
   # (a CUDA error poisons the process it happens in), CUDA_LAUNCH_BLOCKING=1 (FUZZ_BLOCKING) so it names the
-  # launch; FUZZ_SPLIT=n runs each test in n processes of FUZZ_EXAMPLES / n random examples each
+  # launch; FUZZ_SPLIT=n runs each test in n processes of FUZZ_EXAMPLES / n random examples each;
+  # each passed example is a line of passed.txt, each failure's report goes to failures.txt
   mkdir -p "$out/fuzz-each"
   split=${FUZZ_SPLIT:-1}
   for id in ${FUZZ_TESTS:?name the tests}; do
     for part in $(seq "$split"); do
       ( KCOURSE_FUZZ_EXAMPLES=$(( ${FUZZ_EXAMPLES:-400} / split )) CUDA_LAUNCH_BLOCKING=${FUZZ_BLOCKING:-1} \
+          KCOURSE_FUZZ_PROGRESS="$out/fuzz-each/passed.txt" KCOURSE_FAIL_LOG="$out/fuzz-each/failures.txt" \
           timeout -s INT -k 30 ${FUZZ_TIMEOUT:-300} python3 -m pytest -p no:cacheprovider -n 0 -q -x \
           "tests/test_fuzz.py::$id" > "$out/fuzz-each/$(tr -d '[]' <<< "$id")-$part.log" 2>&1
         echo "$? $id $part" >> "$out/fuzz-each/exit-codes.txt" ) &
     done
   done
   wait; sort -k2 "$out/fuzz-each/exit-codes.txt"
+  echo "examples passed:"; sort "$out/fuzz-each/passed.txt" | uniq -c  # a time limit stops a test, not the count
   tar -C "$out" -czf "$out/fuzz-each.tgz" fuzz-each && rm -rf "$out/fuzz-each"  # one file (a call returns few)
 fi
 if [[ $what == gpt ]]; then  # training throughput of GPT-2 124M: GPT_BACKENDS x GPT_VARIANTS against torch.nn, one call

@@ -17,7 +17,10 @@ every test file does). Gradients are checked for finite inputs only, first deriv
 
 Budget: a few examples per (op, backend) in the normal suite (deterministic: ``derandomize``; the
 triton cases tiny, as they run through the interpreter on a CPU); set ``KCOURSE_FUZZ_EXAMPLES=n``
-for n random examples per (op, backend) and larger sizes (e.g. 1000 on a GPU).
+for n random examples per (op, backend) and larger sizes (e.g. 1000 on a GPU), and
+``KCOURSE_FUZZ_PROGRESS=path`` to append one line per example that passed (``op[backend]``), so
+that a run stopped by a time limit still says how many it checked (and separate runs add up: with
+a large budget the examples are random, not derandomized).
 
 Not fuzzed here: second derivatives (the BLAS ops' are checked by gradgradcheck in their test files,
 the transformer primitives refuse them: tests/test_library.py).
@@ -39,6 +42,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz suite needs hypo
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 LARGE = int(os.environ.get("KCOURSE_FUZZ_EXAMPLES", "0"))
+PROGRESS = os.environ.get("KCOURSE_FUZZ_PROGRESS")
 BACKENDS = ["python", "pytorch", "triton", "cute"]
 HALF = (torch.float16, torch.bfloat16)
 FLOAT = (torch.float32, *HALF)
@@ -74,7 +78,13 @@ def fuzz(test):
             random_autotune_configs(monkeypatch)
         settings_ = settings(max_examples=budget(name), deadline=None, derandomize=not LARGE, database=None,
                              suppress_health_check=list(HealthCheck))
-        settings_(given(data=st.data())(lambda data: test(name, data)))()
+        settings_(given(data=st.data())(lambda data: checked(name, data)))()
+
+    def checked(name, data):
+        test(name, data)
+        if PROGRESS:  # a passed example (hypothesis reruns a failing one while it shrinks it: not counted)
+            with open(PROGRESS, "a") as f:
+                f.write(f"{op}[{name}]\n")
     run.__name__ = test.__name__
     run.__doc__ = test.__doc__
     return pytest.mark.filterwarnings("ignore::RuntimeWarning")(pytest.mark.parametrize("name", BACKENDS)(run))

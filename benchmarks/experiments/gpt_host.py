@@ -25,35 +25,42 @@ def main():
     parser.add_argument("--backend", default="cute")
     parser.add_argument("--arch", default="gpt2", choices=list(bench.ARCHS))
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--mode", default="eager", choices=["eager", "autocast"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--small", action="store_true", help="a 2-layer width-64 model, T = 64 (the host alone)")
     args = parser.parse_args()
-    config = bench.GPTConfig(vocab_size=50304, block_size=1024, n_layer=8, n_head=8, n_embd=512,
-                             **bench.ARCHS[args.arch])
+    size = dict(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=64) if args.small else \
+        dict(vocab_size=50304, block_size=1024, n_layer=8, n_head=8, n_embd=512)
+    config = bench.GPTConfig(**size, **bench.ARCHS[args.arch])
     torch.manual_seed(0)
-    model = bench.GPT(config, backend=args.backend).to("cuda", torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y = bench.batches(argparse.Namespace(batch=8, device="cuda"), config)[0]
+    dtype = torch.float32 if args.mode == "autocast" or args.device == "cpu" else torch.bfloat16
+    model = bench.GPT(config, backend=args.backend).to(args.device, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
+    data = bench.batches(argparse.Namespace(batch=args.batch, device=args.device), config)
+    step_i = bench.make_step(model, opt, args.mode, argparse.Namespace(device=args.device), data)
 
     def step():
-        bench.train_step(model, opt, x, y)
+        step_i(0)
 
     for _ in range(5):
         step()
-    torch.cuda.synchronize()
+    bench.sync(args.device)
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
-    torch.cuda.synchronize()
+    bench.sync(args.device)
     plain_ms = (time.perf_counter() - start) / args.steps * 1e3
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
     for _ in range(args.steps):
         step()
-    torch.cuda.synchronize()
+    bench.sync(args.device)
     profiler.disable()
     profiled_ms = (time.perf_counter() - start) / args.steps * 1e3
     text = io.StringIO()
-    text.write(f"{torch.cuda.get_device_name()} {args.backend} {args.arch}: {plain_ms:.2f} ms/step "
+    text.write(f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'} {args.backend} {args.arch}: {plain_ms:.2f} ms/step "
                f"({profiled_ms:.2f} under cProfile), {args.steps} steps; per-step times below are x{args.steps}\n")
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(40)

@@ -186,12 +186,9 @@ def _store_part(out_desc, z_desc, z2_desc, acc, acc2, C_ptr, C2_ptr, z, m0, n0, 
 
 @triton.jit
 def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The (BLOCK_M, BLOCK_N / 2) left and right halves of a tile (None: None, None)."""
-    if acc is None:
-        left, right = None, None
-    else:
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    return left, right
+    """The (BLOCK_M, BLOCK_N / 2) left and right halves of a tile. (Triton 3.6 cannot return None
+    from a jitted function: the caller keeps a None accumulator as it is.)"""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
 
 @triton.jit
@@ -238,7 +235,10 @@ def gemm_tma_kernel(a_desc, b_desc, out_desc, z_desc, b2_desc, z2_desc, C_ptr, C
         m0, n0 = tile_m * BLOCK_M, tile_n * BLOCK_N
         if SUBTILE:  # two (BM, BN / 2) halves: half the shared-memory staging buffer
             left, right = _halves(acc, BLOCK_M, BLOCK_N)
-            left2, right2 = _halves(acc2, BLOCK_M, BLOCK_N)
+            left2 = acc2  # None without a gated pair (Triton 3.6 cannot unpack a tuple of Nones)
+            right2 = acc2
+            if b2_desc is not None:
+                left2, right2 = _halves(acc2, BLOCK_M, BLOCK_N)
             _store_part(out_desc, z_desc, z2_desc, left, left2, C_ptr, C2_ptr, z, m0, n0, M, N, stride_cz, stride_cm,
                         stride_cn, alpha, beta, ACTIVATION, BLOCK_M, BLOCK_N // 2, OUT_BATCHED)
             _store_part(out_desc, z_desc, z2_desc, right, right2, C_ptr, C2_ptr, z, m0, n0 + BLOCK_N // 2, M, N,
