@@ -4,7 +4,7 @@
     python scripts/op_table.py --write              # rewrite it in README.md
     KCOURSE_RECORD=run.json pytest                  # a test run that records (op, backend) outcomes
     python scripts/op_table.py record run.json [more.json ...]   # fold that run (its parts) into docs/verified.json
-    python scripts/op_table.py record --partial run.json         # a run of some ops' tests: only those replaced
+    python scripts/op_table.py record --partial run.json         # a run of some ops' tests: only those (op, backend) replaced
 
 A cell names each device class on which the op's tests passed on that backend ("CPU", "H100", ...);
 "untested" means the kernel exists but no recorded run verified it; "—" means no kernel.
@@ -51,7 +51,8 @@ def record(run_paths: list[str], partial: bool = False) -> None:
     """Fold one recorded test run into docs/verified.json (keyed by device class). A run recorded in
     parts (several pytest invocations on one machine) is summed. ``partial``: the run tested some ops
     only; their results replace those of the device's last full run, which is otherwise kept (the
-    partial run's date and versions listed under "partial")."""
+    partial run's date and versions listed under "partial"): each (op, backend) it ran, the others
+    of those ops (a backend not available there) kept."""
     parts = [json.loads(Path(p).read_text()) for p in run_paths]
     run = {"meta": parts[0]["meta"], "results": {}}
     for part in parts:
@@ -66,7 +67,8 @@ def record(run_paths: list[str], partial: bool = False) -> None:
     device = device_class(run["meta"]["device"])
     if partial and device in verified:
         entry = verified[device]
-        entry["results"].update(run["results"])
+        for op, by_backend in run["results"].items():
+            entry["results"].setdefault(op, {}).update(by_backend)
         entry.setdefault("partial", []).append({**run["meta"], "ops": sorted(run["results"])})
         VERIFIED.write_text(json.dumps(verified, indent=1, sort_keys=True) + "\n")
         return
