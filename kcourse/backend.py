@@ -132,10 +132,15 @@ def _available(name: str) -> BackendInfo:
     return _probe(name)
 
 
+_RESOLVED: dict = {}  # (op, backend name) -> resolve's answer, once it has succeeded (nothing here changes after)
+
+
 def backend_for(op: str, backend: str | None) -> str:
     """The backend a call of ``op`` runs on: ``backend``, else the active one. Eagerly it must run
     here and have a kernel for ``op`` (else a clear error now); under torch.compile the op's kernel
     lookup makes that check when the compiled code runs."""
+    if type(backend) is str and (op, backend) in _RESOLVED:  # the common case: one dict lookup
+        return backend
     name = get_backend() if backend is None else check_name(backend)
     if not torch.compiler.is_compiling():
         resolve(op, name)
@@ -144,11 +149,16 @@ def backend_for(op: str, backend: str | None) -> str:
 
 def resolve(op: str, backend: str | None = None) -> tuple[str, Callable]:
     """The backend name and its kernel function for ``op``: a lookup, never a fallback."""
+    if type(backend) is str:
+        hit = _RESOLVED.get((op, backend))
+        if hit is not None:
+            return hit
     name = check_name(backend) if backend is not None else get_backend()
     info = _available(name)
     if not info.available:
         raise RuntimeError(f"{op}: backend {name!r} cannot run here: {info.reason}; {info.fix}")
-    return name, _kernel(name, op)
+    found = _RESOLVED[(op, name)] = name, _kernel(name, op)
+    return found
 
 
 def module(name: str, op: str):

@@ -88,6 +88,7 @@ def spy_kernels(monkeypatch) -> list:
         return recorded
 
     monkeypatch.setattr(backend_module, "_kernel", spy)
+    monkeypatch.setattr(backend_module, "_RESOLVED", {})  # kernels resolved before now: through the spy too
     return calls
 
 

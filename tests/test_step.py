@@ -75,6 +75,7 @@ class StepSpy(TorchDispatchMode):
 
         monkeypatch.setattr(backend_module, "_kernel", spied(backend_module._kernel, 1))
         monkeypatch.setattr(backend_module, "backward_kernel", spied(backend_module.backward_kernel, 0))
+        monkeypatch.setattr(backend_module, "_RESOLVED", {})  # kernels resolved before now: through the spy too
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__

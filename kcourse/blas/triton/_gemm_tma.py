@@ -58,7 +58,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
-from ._launch import INTERPRET, autotune, is_hopper, launch_tuned
+from ._launch import INTERPRET, autotune, is_hopper, launch, launch_tuned
 from ._pointwise import activate
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
@@ -406,7 +406,7 @@ def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None
     partial = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)  # (S, M, N)
     _launch(A, B, None, 1.0, 0.0, partial, plan, splits, k_split, True)
     grid = (triton.cdiv(M, SUM_BLOCK_M) * triton.cdiv(N, SUM_BLOCK_N),)
-    splitk_sum_kernel[grid](partial, None if C is None else C[0], out[0], None if z is None else z[0], M, N, splits,
-                            *(C.stride()[1:] if C is not None else (0, 0)), *out.stride()[1:], alpha, beta,
-                            ACTIVATION=activation, BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+    launch(splitk_sum_kernel, grid, partial, None if C is None else C[0], out[0], None if z is None else z[0], M, N,
+           splits, *(C.stride()[1:] if C is not None else (0, 0)), *out.stride()[1:], alpha, beta,
+           ACTIVATION=activation, BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N, num_warps=4)
     return out

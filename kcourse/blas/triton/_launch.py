@@ -15,6 +15,9 @@ import inspect
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...backend import triton_interpreting
 from .. import _host
@@ -92,8 +95,8 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
         shape, strides = strided_layout(op, *present)
     present_strides = iter(strides)
     strides = [next(present_strides) if t is not None else None for t in tensors]
-    kernel[(triton.cdiv(numel, BLOCK),)](*tensors, numel, shape, *strides, *scalars,
-                                         BLOCK=BLOCK, num_warps=NUM_WARPS)
+    launch(kernel, (triton.cdiv(numel, BLOCK),), *tensors, numel, shape, *strides, *scalars, BLOCK=BLOCK,
+           num_warps=NUM_WARPS)
 
 
 def autotune(**kwargs):
@@ -112,8 +115,8 @@ _PICKED: dict = {}  # (autotuned kernel, caller's key) -> (config its autotuner 
 
 def launch_tuned(kernel, grid, key, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)`` for an autotuned ``kernel``: through its autotuner the first
-    time ``key`` is seen, then straight through the jitted function with the config the autotuner
-    picked then (running the config's pre_hook as the autotuner would).
+    time ``key`` is seen, then through ``launch`` with the config the autotuner picked then (running
+    the config's pre_hook as the autotuner would).
 
     The autotuner's dispatch (its key rebuilt from the arguments, dicts of every argument merged for
     the pre_hook and the launch) is host time on every call, and a short kernel does not hide host
@@ -129,7 +132,78 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     meta = {**kwargs, **tuned}
     if config.pre_hook is not None:
         config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
-    kernel.fn[grid(meta)](*args, **meta)
+    launch(kernel.fn, grid(meta), *args, **meta)
+
+
+_COMPILED: dict = {}  # (jitted function, device, the arguments' specialization, keywords) -> its compiled kernel
+_PARAMS: dict = {}  # jitted function -> (its parameters' names, their defaults)
+
+
+def _specialization(a):
+    """What Triton specializes a kernel argument on (``triton.runtime.jit``'s binder, which
+    ``tests/test_triton_launch.py`` checks this against): a tensor's dtype and 16-byte alignment; an
+    int's width, its divisibility by 16 and whether it is 1; a descriptor's dtype and block shape; a
+    float, a bool, None or a constexpr value (a string) by kind or value; a tuple element by element."""
+    kind = type(a)
+    if kind is int:
+        return -2**31 <= a < 2**31, a >= 2**63, "1" if a == 1 else "D" if a % 16 == 0 else ""  # as Triton's
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        return a.dtype, a.data_ptr() % 16 == 0
+    if kind is float:
+        return float
+    if kind is tuple:
+        return tuple(map(_specialization, a))
+    if kind is TensorDescriptor:
+        return a.base.dtype, tuple(a.block_shape), a.padding
+    if isinstance(a, torch.Tensor):  # a subclass
+        return a.dtype, a.data_ptr() % 16 == 0
+    return kind, a  # None, a bool, a string (a constexpr): by value
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)`` (a jitted function, or one under ``triton.heuristics``), with
+    the launch going straight to the compiled kernel once one is compiled for these arguments.
+
+    Triton's ``JITFunction.run`` binds the arguments, computes the specialization key and hashes it,
+    checks the globals the kernel read and builds launch metadata on every call: tens of microseconds
+    of host time, for each of the hundreds of kernels of a training step. Here the first launch of a
+    specialization goes through Triton (compiling or loading from its cache) and its compiled
+    kernel is kept under ``_specialization`` of the arguments (what Triton's key depends on) and the
+    keyword arguments (constexprs and launch options); a later launch calls its launcher directly,
+    as ``JITFunction.run`` does. Under the interpreter, or with a launch hook installed (a profiler
+    such as proton), every launch goes through Triton."""
+    if isinstance(kernel, triton.runtime.Autotuner):  # (``launch_tuned`` reuses an autotuner's pick)
+        kernel[grid](*args, **kwargs)
+        return
+    if isinstance(kernel, triton.runtime.Heuristics):  # its values, as Heuristics.run computes them
+        for name, heuristic in kernel.values.items():
+            kwargs[name] = heuristic({**dict(zip(kernel.arg_names, args)), **kwargs})
+        kernel = kernel.fn
+    if INTERPRET or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        kernel[grid](*args, **kwargs)
+        return
+    device = torch.cuda.current_device()
+    key = (kernel, device, tuple(map(_specialization, args)), tuple(kwargs.items()))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        _COMPILED[key] = kernel[grid](*args, **kwargs)
+        return
+    names, defaults = _PARAMS.get(kernel) or _PARAMS.setdefault(kernel, _parameters(kernel))
+    full = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))  # every parameter
+    grid = (*(grid(dict(zip(names, full))) if callable(grid) else grid), 1, 1)
+    compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *full)
+
+
+def _hooked(hook) -> bool:
+    """Is a launch hook installed? (Triton >= 3.5 keeps a chain of them, empty by default.)"""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _parameters(kernel) -> tuple[list[str], dict]:
+    """A jitted function's parameter names, in order, and their defaults."""
+    params = inspect.signature(kernel.fn).parameters
+    return list(params), {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
 def _fix_interpreter_for_numpy_2_4() -> None:

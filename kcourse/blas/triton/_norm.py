@@ -57,7 +57,7 @@ import triton.language as tl
 
 from .. import _host
 from .._layout import rows_of
-from ._launch import block_indices, sm_count, sum_pair
+from ._launch import block_indices, launch, sm_count, sum_pair
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
@@ -337,8 +337,8 @@ def norm_forward(x, weight, bias, eps, center, residual=None):
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
         r_strides = (0, 0) if r2 is None else r2.stride()
-        norm_forward_kernel[(n,)](x2, r2, h, _dense(weight), _dense(bias), y, mean, rstd, d, x2.stride(0),
-                                  x2.stride(1), *r_strides, eps, CENTER=center, **_block(d, ON_CHIP_FORWARD))
+        launch(norm_forward_kernel, (n,), x2, r2, h, _dense(weight), _dense(bias), y, mean, rstd, d, x2.stride(0),
+               x2.stride(1), *r_strides, eps, CENTER=center, **_block(d, ON_CHIP_FORWARD))
     return y, (x2 if h is None else h), mean, rstd
 
 
@@ -370,10 +370,10 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
     totals = None  # long rows with dx and a column sum: dx is written in the column sweep, from these row sums
     if not options["ONE_BLOCK"] and needs[0] and partials is not None:
         totals = torch.empty(n, 2, dtype=torch.float32, device=device)
-    norm_backward_kernel[(programs,)](dout, x2, _dense(weight), mean, rstd, dx, dresidual, dw, db, totals, n, d,
-                                      x2.stride(0), x2.stride(1), rows_per_program,
-                                      CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
-                                      **options)
+    launch(norm_backward_kernel, (programs,), dout, x2, _dense(weight), mean, rstd, dx, dresidual, dw, db, totals, n, d,
+           x2.stride(0), x2.stride(1), rows_per_program,
+           CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
+           **options)
     return _host.norm_gradients(dx, partials, needs, x2.dtype, launch=_column_sum_launch)
 
 
@@ -382,8 +382,8 @@ def _column_sum_launch(partials, out0, out1):
     s, p, d = partials.shape
     block_p = min(triton.next_power_of_2(p), SUM_MAX_BLOCK_P)
     block_d = max(SUM_TILE // block_p, 1)
-    column_sum_kernel[(triton.cdiv(d, block_d), s)](partials, out0, out1, p, d,
-                                                     BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
+    launch(column_sum_kernel, (triton.cdiv(d, block_d), s), partials, out0, out1, p, d,
+           BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
 
 
 def _dense(t):

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import block_indices, strided_layout, strided_offsets
+from ._launch import block_indices, launch, strided_layout, strided_offsets
 
 TILE = 4096  # elements per program when rows are short: 16 per thread with 8 warps
 MAX_ONE_PASS = 16384  # the longest row kept in registers: 32 per thread with 16 warps
@@ -142,9 +142,9 @@ def launch_rows(op: str, kernel, inputs: list[torch.Tensor], dim: int, LOG: bool
         BLOCK_N, BLOCK_M = CHUNK, 1
     num_warps = min(16, max(1, BLOCK_M * BLOCK_N // 512))
     tensors = (*inputs, out)
-    kernel[(triton.cdiv(M, BLOCK_M),)](*tensors, M, N, row_shape, *row_strides, *(t.stride(dim) for t in tensors),
-                                       LOG=LOG, ONE_PASS=N <= BLOCK_N, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                       num_warps=num_warps)
+    launch(kernel, (triton.cdiv(M, BLOCK_M),), *tensors, M, N, row_shape, *row_strides,
+           *(t.stride(dim) for t in tensors), LOG=LOG, ONE_PASS=N <= BLOCK_N, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+           num_warps=num_warps)
     return out
 
 

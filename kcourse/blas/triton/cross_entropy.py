@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import CHECKED, block_indices
+from ._launch import CHECKED, block_indices, launch
 from ._softmax import CHUNK
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
@@ -233,27 +233,27 @@ def _valid_sum(loss, target, ignore_index, reduction, out):
     N = target.shape[0]
     programs = max(1, triton.cdiv(N, SUM_BLOCK))
     partials = torch.empty(2, programs, dtype=torch.float32, device=target.device)
-    valid_partials_kernel[(programs,)](loss, target, partials, N, target.stride(0), ignore_index,
-                                       BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
-    valid_sum_kernel[(1,)](partials, out, programs, LOSSES=loss is not None, MEAN=reduction == "mean",
-                           BLOCK=FINISH_BLOCK, num_warps=FINISH_WARPS)
+    launch(valid_partials_kernel, (programs,), loss, target, partials, N, target.stride(0), ignore_index,
+           BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
+    launch(valid_sum_kernel, (1,), partials, out, programs, LOSSES=loss is not None, MEAN=reduction == "mean",
+           BLOCK=FINISH_BLOCK, num_warps=FINISH_WARPS)
     return out
 
 
 def _forward(logits, target, lse, loss, ignore_index):
     N, V = logits.shape
     options = _forward_options(N, V)
-    cross_entropy_kernel[(triton.cdiv(N, options["BLOCK_M"]),)](
-        logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
-        EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
+    launch(cross_entropy_kernel, (triton.cdiv(N, options["BLOCK_M"]),),
+           logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
+           EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
 
 
 def _backward(logits, target, lse, dout, n_valid, dlogits, ignore_index, dout_stride):
     N, V = logits.shape
     BLOCK_V = _block_v(V)
-    cross_entropy_backward_kernel[(N,)](logits, target, lse, dout, n_valid, dlogits, V, *logits.stride(),
-                                        target.stride(0), dout_stride, *dlogits.stride(), ignore_index,
-                                        BLOCK_V=BLOCK_V, num_warps=_warps(BLOCK_V))
+    launch(cross_entropy_backward_kernel, (N,), logits, target, lse, dout, n_valid, dlogits, V, *logits.stride(),
+           target.stride(0), dout_stride, *dlogits.stride(), ignore_index,
+           BLOCK_V=BLOCK_V, num_warps=_warps(BLOCK_V))
 
 
 cross_entropy, cross_entropy_backward = _host.cross_entropy_ops(forward=_forward, backward=_backward,

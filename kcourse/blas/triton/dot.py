@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import BLOCK, NUM_WARPS, block_indices, sm_count
+from ._launch import BLOCK, NUM_WARPS, block_indices, launch, sm_count
 
 PROGRAMS_PER_SM = 4  # stage 1 launches this many programs per streaming multiprocessor
 
@@ -46,7 +46,7 @@ def dot(x, y):
     programs = min(triton.cdiv(n, BLOCK), PROGRAMS_PER_SM * sm_count(x.device))
     partials = torch.empty(programs, dtype=torch.float32, device=x.device)
     out = torch.empty((), dtype=x.dtype, device=x.device)
-    dot_partials_kernel[(programs,)](x, y, partials, n, x.stride(0), y.stride(0), programs * BLOCK,
-                                     BLOCK=BLOCK, num_warps=NUM_WARPS)
-    dot_finish_kernel[(1,)](partials, out, programs, BLOCK=triton.next_power_of_2(programs))
+    launch(dot_partials_kernel, (programs,), x, y, partials, n, x.stride(0), y.stride(0), programs * BLOCK,
+           BLOCK=BLOCK, num_warps=NUM_WARPS)
+    launch(dot_finish_kernel, (1,), partials, out, programs, BLOCK=triton.next_power_of_2(programs))
     return out

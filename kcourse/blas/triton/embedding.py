@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import CHECKED, block_indices
+from ._launch import CHECKED, block_indices, launch
 
 NUM_WARPS = 4
 
@@ -73,13 +73,14 @@ def _tiling(N: int, D: int):
 def _gather(idx, weight, out):
     V, D = weight.shape
     grid, meta = _tiling(idx.numel(), D)
-    embedding_kernel[grid](idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta, **CHECKED)
+    launch(embedding_kernel, grid, idx, weight, out, idx.numel(), V, D, idx.stride(0), *weight.stride(), **meta,
+           **CHECKED)
 
 
 def _scatter_add(idx, dout, acc):
     V, D = acc.shape
     grid, meta = _tiling(idx.numel(), D)
-    embedding_backward_kernel[grid](idx, dout, acc, idx.numel(), V, D, idx.stride(0), **meta)
+    launch(embedding_backward_kernel, grid, idx, dout, acc, idx.numel(), V, D, idx.stride(0), **meta)
 
 
 embedding, embedding_backward = _host.embedding_ops(gather=_gather, scatter_add=_scatter_add)

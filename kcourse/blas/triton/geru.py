@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._launch import launch
+
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8
 
 
@@ -36,7 +38,7 @@ def geru(A, x, y, alpha, out):
     """``out <- A + alpha * x y^T``; returns ``out``."""
     M, N = A.shape
     grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
-    geru_kernel[grid](A, x, y, out, M, N, A.stride(0), A.stride(1), x.stride(0), y.stride(0),
-                      out.stride(0), out.stride(1), alpha, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                      num_warps=NUM_WARPS)
+    launch(geru_kernel, grid, A, x, y, out, M, N, A.stride(0), A.stride(1), x.stride(0), y.stride(0),
+           out.stride(0), out.stride(1), alpha, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+           num_warps=NUM_WARPS)
     return out

@@ -1,0 +1,48 @@
+"""``kcourse.blas.triton._launch.launch``: a compiled kernel is reused only for arguments that Triton
+itself would give the same specialization (else a launch could run a kernel compiled for, say, a
+16-aligned pointer or a stride of 1 on arguments that are not). Checked here against Triton's own
+binder (``native_specialize_impl``), on any machine; the launches themselves run in every triton
+test on a GPU (under the interpreter every launch goes through Triton)."""
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton._C.libtriton import native_specialize_impl  # noqa: E402
+from triton.backends.compiler import BaseBackend  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from kcourse.blas.triton._launch import _specialization  # noqa: E402
+
+INTS = [0, 1, 2, 3, 15, 16, 17, 32, 48, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 1, 2**32, 2**32 + 3,
+        2**62, 2**63 - 1, 2**63, 2**64 - 16, -2**31, -2**31 - 1, -2**31 - 16, -2**40]
+BUFFER = torch.zeros(256, dtype=torch.float32)
+TENSORS = [BUFFER, BUFFER[1:], BUFFER[4:], BUFFER[8:], BUFFER.view(torch.bfloat16)[1:], BUFFER.view(torch.bfloat16)[8:],
+           BUFFER.view(torch.int64), BUFFER.view(torch.int32)[3:], torch.nn.Parameter(BUFFER[4:].clone())]
+TILE = torch.zeros(64, 64, dtype=torch.bfloat16)
+DESCRIPTORS = [TensorDescriptor(TILE, [64, 64], [64, 1], block) for block in ([16, 32], [32, 16], [16, 32])] + [
+    TensorDescriptor(TILE.float(), [64, 64], [64, 1], [16, 32])]
+OTHERS = [None, True, False, 0.5, 1.0, -2.0, (1, 16, 3), (2, 16, 3), (16, 16), (1, 1)]
+CONSTEXPRS = ["gelu", "none"]  # passed only as constexprs: Triton does not specialize them, we key on the value
+
+
+def triton_key(a):
+    return native_specialize_impl(BaseBackend, a, False, True, True)
+
+
+@pytest.mark.parametrize("values", [INTS, TENSORS, DESCRIPTORS, OTHERS], ids=["ints", "tensors", "descriptors", "others"])
+def test_same_specialization_means_same_triton_key(values):
+    """Equal ``_specialization`` implies Triton's key is equal (ours may be finer, never coarser)."""
+    for a, b in itertools.combinations_with_replacement(values, 2):
+        if _specialization(a) == _specialization(b):
+            assert triton_key(a) == triton_key(b), (a, b)
+
+
+def test_specialization_is_hashable_and_tells_kinds_apart():
+    values = INTS + TENSORS + DESCRIPTORS + OTHERS + CONSTEXPRS
+    keys = [_specialization(v) for v in values]
+    assert len({hash(k) for k in keys}) > 1
+    assert _specialization(1) != _specialization(True) and _specialization(0) != _specialization(None)
+    assert _specialization(1.0) != _specialization(1) and _specialization(16) != _specialization(32 + 1)
+    assert _specialization("gelu") != _specialization("none")
