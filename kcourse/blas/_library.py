@@ -836,12 +836,16 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         dout = dout if spec.strided_dout else dout.contiguous()
         more = [None if g is None else g.contiguous() for g in grads[1:k]]
         args = (dout, *more, list(ctx.saved_tensors), needs, *ctx.args)
-        # a backward that may spend its cache does where no one else can see it: eagerly, under ``call``
-        # (torch.ops keeps its outputs, and torch.compile's graphs functional); not with create_graph,
-        # which keeps the backward op, whose own backward refuses second derivatives
-        spend = (spec.spends_cache and getattr(ctx, "private_extras", False) and not torch.is_grad_enabled()
-                 and _eager(args))
-        got = iter(backward(*args, in_place=True) if spend else call(f"{op}_backward", *args))
+        # Plain eager tensors, no create_graph, no autocast: the backward kernel runs directly (``call``
+        # would find the same and run it, a few microseconds later). Otherwise the backward op, through
+        # ``call``: with create_graph it is recorded (its own backward refuses second derivatives), and
+        # under autocast it runs with autocast off, as every kcourse op.
+        # A backward that may spend its cache does so only directly (torch.ops keeps its outputs, and
+        # torch.compile's graphs functional) and only under ``call``'s caller, who never sees the extras.
+        if not torch.is_grad_enabled() and not torch._C._is_any_autocast_enabled() and _eager(args):
+            got = iter(backward(*args, in_place=spec.spends_cache and getattr(ctx, "private_extras", False)))
+        else:
+            got = iter(call(f"{op}_backward", *args))
         result = [next(got) if need else None for need in kernel_needs(needs)]
         for i, j in spec.tied:
             result[i] = result[j] if needs[i] else None
