@@ -19,7 +19,7 @@ def model(arch, backend=None, **changes):
 
 
 def prompts(B=2, T=5, vocab=32):
-    return torch.randint(0, vocab, (B, T), device=DEVICE, generator=torch.Generator().manual_seed(2))
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(2)).to(DEVICE)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -42,7 +42,7 @@ def hf_model(name, **changes):
 
 
 def tokens(B=2, T=11):
-    return torch.randint(0, 61, (B, T), device=DEVICE, generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, 61, (B, T), generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
 
 def assert_logits(ours, theirs, rtol=1e-5):
