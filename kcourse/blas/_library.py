@@ -203,11 +203,6 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
 
 
-def _eager(args) -> bool:
-    """Plain eager execution: not ``_tracing``, every tensor of ``args`` (lists included) plain."""
-    return not _tracing() and all(_check.plain(t) for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor))
-
-
 def _run(name: str, args: tuple, requires_grad: bool):
     """The op's implementation, inside its autograd Function when a gradient is wanted."""
     if requires_grad and torch.is_grad_enabled():
@@ -836,16 +831,17 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         dout = dout if spec.strided_dout else dout.contiguous()
         more = [None if g is None else g.contiguous() for g in grads[1:k]]
         args = (dout, *more, list(ctx.saved_tensors), needs, *ctx.args)
-        # Plain eager tensors, no create_graph, no autocast: the backward kernel runs directly (``call``
-        # would find the same and run it, a few microseconds later). Otherwise the backward op, through
-        # ``call``: with create_graph it is recorded (its own backward refuses second derivatives), and
-        # under autocast it runs with autocast off, as every kcourse op.
-        # A backward that may spend its cache does so only directly (torch.ops keeps its outputs, and
-        # torch.compile's graphs functional) and only under ``call``'s caller, who never sees the extras.
-        if not torch.is_grad_enabled() and not torch._C._is_any_autocast_enabled() and _eager(args):
-            got = iter(backward(*args, in_place=spec.spends_cache and getattr(ctx, "private_extras", False)))
-        else:
-            got = iter(call(f"{op}_backward", *args))
+        # Eagerly (the forward ran through ``call``'s Function, so what it saved is plain; the incoming
+        # gradients plain too), without create_graph or autocast, the backward kernel runs directly:
+        # ``call`` would find the same and run it, a few microseconds later. Otherwise the backward op,
+        # through ``call``: with create_graph it is recorded (its own backward refuses second
+        # derivatives), and under autocast it runs with autocast off, as every kcourse op. Only run
+        # directly may a backward spend its cache (torch.ops keeps its outputs, torch.compile's graphs
+        # are functional), and only under ``call``, whose caller never sees the extras.
+        direct = (getattr(ctx, "private_extras", False) and not torch.is_grad_enabled() and not _tracing()
+                  and not torch._C._is_any_autocast_enabled()
+                  and all(g is None or _check.plain(g) for g in (dout, *more)))
+        got = iter(backward(*args, in_place=spec.spends_cache) if direct else call(f"{op}_backward", *args))
         result = [next(got) if need else None for need in kernel_needs(needs)]
         for i, j in spec.tied:
             result[i] = result[j] if needs[i] else None
