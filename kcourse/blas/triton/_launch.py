@@ -186,7 +186,9 @@ def launch(kernel, grid, *args, **kwargs):
     key = (kernel, device, tuple(map(_specialization, args)), tuple(kwargs.items()))
     compiled = _COMPILED.get(key)
     if compiled is None:
-        _COMPILED[key] = kernel[grid](*args, **kwargs)
+        compiled = kernel[grid](*args, **kwargs)
+        if compiled is not None:  # (Triton returns None where it did not compile here and now)
+            _COMPILED[key] = compiled
         return
     names, defaults = _PARAMS.get(kernel) or _PARAMS.setdefault(kernel, _parameters(kernel))
     full = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))  # every parameter
