@@ -451,3 +451,15 @@ def test_gemm_batch_of_zero_full_C(name):
     assert blas.gemm_(A, B, target, 1.0, 0.0, backend=name) is target
     assert blas.gemm_(A, B, target, 1.0, 1.0, backend=name).shape == (0, 3, 5)
     assert blas.gemm(A, B, torch.randn(0, 3, 5, device=DEVICE), 1.0, 1.0, backend=name).shape == (0, 3, 5)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_are_a_clear_error(transform):
+    """torch.func transforms would reach kcourse ops without batching rules or functorch autograd:
+    a NotImplementedError naming the op and what to use instead, not torch's internal message."""
+    x = torch.randn(3, 4)
+    f = {"grad": torch.func.grad(lambda x: blas.softmax(x, backend="pytorch").sum()),
+         "vmap": torch.vmap(lambda x: blas.gelu(x, backend="pytorch"))}[transform]
+    op = "softmax" if transform == "grad" else "gelu"
+    with pytest.raises(NotImplementedError, match=f"^{op}: torch.func transforms .* not supported"):
+        f(x)

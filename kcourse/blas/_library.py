@@ -181,8 +181,13 @@ def call(name: str, *args):
     directly, inside a ``torch.autograd.Function`` built from the same autograd formula when a
     gradient is wanted, with the same autocast rule: tens of microseconds of host time less per
     call than the dispatcher's Python autograd and autocast layers. Anything else (torch.compile
-    tracing, fake or meta tensors, a TorchDispatchMode, functorch transforms) goes through
-    ``torch.ops.kcourse``, where PyTorch sees the op whole."""
+    tracing, fake or meta tensors, a TorchDispatchMode) goes through ``torch.ops.kcourse``, where
+    PyTorch sees the op whole. Under a ``torch.func`` transform (grad, vmap, jacrev, ...), which
+    kcourse ops do not support (no batching rules, no functorch autograd), a clear error."""
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(f"{name}: torch.func transforms (grad, vmap, jacrev, ...) are not supported by "
+                                  "kcourse ops; differentiate with torch.autograd (loss.backward(), "
+                                  "torch.autograd.grad) and batch with a leading dimension")
     if _tracing():
         return getattr(ops, name)(*args)
     requires_grad = False
