@@ -9,6 +9,7 @@ as constants, so the kernel becomes a plain, vectorized 1-D sweep.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -123,6 +124,13 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     time: see kcourse/blas/triton/attention.py. ``key`` must determine the autotuner's pick, that is
     hold its key arguments and the dtypes of the tensor arguments (or more); ``grid(meta)`` maps the
     launch's keyword arguments (the config's among them) to the grid."""
+    if _compile_only[0]:  # its first config (the autotuner would time them on a GPU)
+        config = kernel.configs[0]
+        meta = {**kwargs, **config.all_kwargs()}
+        if config.pre_hook is not None:
+            config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
+        launch(kernel.fn, grid(meta), *args, **meta)
+        return
     picked = _PICKED.get((kernel, key))
     if picked is None:
         kernel[grid](*args, **kwargs)
@@ -179,6 +187,9 @@ def launch(kernel, grid, *args, **kwargs):
         for name, heuristic in kernel.values.items():
             kwargs[name] = heuristic({**dict(zip(kernel.arg_names, args)), **kwargs})
         kernel = kernel.fn
+    if _compile_only[0]:
+        _compile_only[1].append(kernel.warmup(*args, grid=grid, **kwargs))
+        return
     if INTERPRET or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **kwargs)
         return
@@ -195,6 +206,48 @@ def launch(kernel, grid, *args, **kwargs):
     grid = (*(grid(dict(zip(names, full))) if callable(grid) else grid), 1, 1)
     compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *full)
+
+
+_compile_only: list = [False, []]  # inside ``compiling_only``: True, and the kernels compiled so far
+
+
+@contextlib.contextmanager
+def compiling_only(arch: int = 90):
+    """Within this block every launch compiles its kernel for an sm_``arch`` GPU and launches
+    nothing, on any machine (no GPU needed, the interpreter off): how CI checks that every triton
+    kernel builds, with each Triton version the project supports. An op called on CPU tensors
+    runs its host code as on a GPU, picks its kernels (an autotuned one with its first config)
+    and returns outputs that were never written. Yields the list of the compiled kernels."""
+    if INTERPRET:
+        raise RuntimeError("compiling_only: Triton's interpreter is on (TRITON_INTERPRET=1); it compiles nothing")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+
+    class CompilerOnly(CudaDriver):  # the CUDA driver's compiler side, with no device behind it
+        def __init__(self):
+            pass
+
+        def get_current_target(self):
+            return GPUTarget("cuda", arch, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    try:
+        active = driver.active
+    except RuntimeError:  # no GPU: no driver is active
+        active = None
+    outer = _compile_only[:]
+    driver.set_active(CompilerOnly())
+    _compile_only[:] = [True, []]
+    try:
+        yield _compile_only[1]
+    finally:
+        driver.set_active(active)
+        _compile_only[:] = outer
 
 
 def _hooked(hook) -> bool:

@@ -73,7 +73,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._layout import tma_strides
-from ._launch import INTERPRET, autotune, is_hopper, launch_tuned
+from ._launch import INTERPRET, autotune, is_hopper, launch, launch_tuned
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
@@ -602,8 +602,8 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
         launch_tuned(attention_dq_kernel, _grid(Tq, B, H, "BLOCK_M"), key, q_, k_, v_, out, dout_, lse, delta, dq,
                      *strides, *out.stride(), *dout.stride(), *args, CAUSAL=causal, TMA=tma, **meta)
     else:
-        attention_delta_kernel[_grid(Tq, B, H, "BLOCK_M")](out, dout, delta, *out.stride(), *dout.stride(), Tq,
-                                                           HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
+        launch(attention_delta_kernel, _grid(Tq, B, H, "BLOCK_M"), out, dout, delta, *out.stride(), *dout.stride(), Tq,
+               HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
