@@ -100,6 +100,10 @@ def _register_autocast(name: str) -> None:
 
 IMPLS: dict[str, Callable] = {}  # op name -> its implementation (what torch.ops.kcourse.<op> runs)
 FUNCTIONS: dict[str, type] = {}  # op name -> a torch.autograd.Function running it eagerly (``call``)
+# op name -> its Function's apply below ``torch.autograd.Function.apply``'s Python layer, which only
+# unwraps dead functorch wrappers (``call`` sends those to the dispatcher) and routes functorch transforms
+# (``call`` refuses them)
+APPLY: dict[str, Callable] = {}
 
 
 def _define(schema: str, impl: Callable, fake: Callable) -> str:
@@ -193,7 +197,7 @@ def call(name: str, *args):
     requires_grad = False
     for a in args:  # one pass: every tensor plain, and does any want a gradient?
         if isinstance(a, Tensor):
-            if not _check.plain(a):
+            if not _check.plain(a) or _functorch_wrapped(a):
                 return getattr(ops, name)(*args)
             requires_grad = requires_grad or a.requires_grad
     device = _autocasting(args)
@@ -208,12 +212,15 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
 
 
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # (a tensor left over from a transform)
+
+
 def _run(name: str, args: tuple, requires_grad: bool):
     """The op's implementation, inside its autograd Function when a gradient is wanted."""
     if requires_grad and torch.is_grad_enabled():
-        function = FUNCTIONS.get(name)
-        if function is not None:
-            return function.apply(*args)
+        apply = APPLY.get(name)
+        if apply is not None:
+            return apply(*args)
     return IMPLS[name](*args)
 
 
@@ -473,10 +480,11 @@ def _register(name: str, setup: Callable, backward: Callable) -> None:
         return tuple(out) if isinstance(out, list) else out
 
     listed = "-> Tensor[]" in str(getattr(ops, name).default._schema)
-    FUNCTIONS[name] = type(f"{name}_function", (torch.autograd.Function,), {
+    function = FUNCTIONS[name] = type(f"{name}_function", (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "backward": staticmethod((lambda ctx, *grads: backward(ctx, grads)) if listed else backward),
     })
+    APPLY[name] = super(torch.autograd.Function, function).apply
 
 
 def _setup_scalars(ctx, inputs, output):  # copy, swap, scal, axpby: no tensor saved
