@@ -211,3 +211,24 @@ def test_gemm_triton_tma_inplace(triton_tma, dtype):
     assert blas.gemm_(A, B, C, 0.5, -1.5, backend="triton") is C
     assert len(triton_tma) == 1, "the product did not take the Hopper kernel"
     assert_close(C, expected, k=64)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="cuBLAS's reduced-precision reductions exist only on CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_pytorch_gemm_reduces_in_float32_and_restores_the_flags(monkeypatch, dtype):
+    """The pytorch backend turns cuBLAS's half-precision split-K reductions off for its call (the
+    float32 accumulation kcourse promises) and gives the user's settings back afterwards."""
+    flags = torch.backends.cuda.matmul
+    seen = []
+    real = torch.Tensor.addmm_
+    monkeypatch.setattr(torch.Tensor, "addmm_", lambda *a, **k: seen.append(
+        (flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction)) or real(*a, **k))
+    before = flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction
+    flags.allow_fp16_reduced_precision_reduction = flags.allow_bf16_reduced_precision_reduction = True
+    try:
+        blas.gemm(randn(64, 48, dtype=dtype), randn(48, 32, dtype=dtype), backend="pytorch")
+        assert seen == [(False, False)]
+        assert (flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction) == \
+            (True, True)
+    finally:
+        flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction = before
