@@ -99,10 +99,9 @@ def _register_autocast(name: str) -> None:
 
 
 IMPLS: dict[str, Callable] = {}  # op name -> its implementation (what torch.ops.kcourse.<op> runs)
-FUNCTIONS: dict[str, type] = {}  # op name -> a torch.autograd.Function running it eagerly (``call``)
-# op name -> its Function's apply below ``torch.autograd.Function.apply``'s Python layer, which only
-# unwraps dead functorch wrappers (``call`` sends those to the dispatcher) and routes functorch transforms
-# (``call`` refuses them)
+# op name -> the apply of a torch.autograd.Function running it eagerly (``call``), taken below
+# ``torch.autograd.Function.apply``'s Python layer, whose two jobs ``call`` does itself: it refuses
+# functorch transforms and sends a dead functorch wrapper to the dispatcher
 APPLY: dict[str, Callable] = {}
 
 
@@ -480,7 +479,7 @@ def _register(name: str, setup: Callable, backward: Callable) -> None:
         return tuple(out) if isinstance(out, list) else out
 
     listed = "-> Tensor[]" in str(getattr(ops, name).default._schema)
-    function = FUNCTIONS[name] = type(f"{name}_function", (torch.autograd.Function,), {
+    function = type(f"{name}_function", (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "backward": staticmethod((lambda ctx, *grads: backward(ctx, grads)) if listed else backward),
     })

@@ -66,6 +66,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from .. import _host, tuning
 from .._layout import rows_of
 from . import _compile, _reduce
+from .axpby import axpby
 from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
                     masked, plan, reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views,
                     spread_row, store_chunk, to_registers)
@@ -639,3 +640,9 @@ def _column_sum_launch(partials, out0, out1):
     _compile.launch(_column_sum_factory, (_compile.DTYPES[out0.dtype], vec, s), _compile.stream(partials.device),
                     _compile.pointer(partials, 4 * vec), _compile.pointer(out0, out0.element_size()),
                     None if out1 is None else _compile.pointer(out1, out1.element_size()), p, d)
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a + b`` into a new contiguous tensor (``axpby``: computed in float32, rounded once): the
+    residual add of the composed add norms (``add_layer_norm.py``, ``add_rms_norm.py``)."""
+    return axpby(a, b, 1.0, 1.0, a.new_empty(a.shape))

@@ -4,13 +4,8 @@ makes one. Backward: the rms_norm backward of h, then ``dx = dresidual = dh + d 
 axpby: for half types the norm's part is rounded before the sum).
 """
 from .. import _host
-from .axpby import axpby
+from ._norm import add
 from .rms_norm import rms_norm, rms_norm_backward
-
-
-def add(a, b):
-    """``a + b`` into a new contiguous tensor, rounded once."""
-    return axpby(a, b, 1.0, 1.0, a.new_empty(a.shape))
 
 
 add_rms_norm, add_rms_norm_backward = _host.composed_add_norm_ops(
