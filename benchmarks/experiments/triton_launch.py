@@ -29,6 +29,8 @@ import torch
 from benchmarks import gpt as bench
 from kcourse.blas.triton import _launch
 
+_DIRECT = _launch.launch
+
 SIZES = {"host": (dict(vocab_size=512, block_size=64, n_layer=12, n_head=2, n_embd=64), 4),
          "gpt2": (dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 16)}
 
@@ -39,9 +41,10 @@ def through_triton(kernel, grid, *args, **kwargs):
 
 
 def rebind(fn) -> None:
-    """``launch`` in ``_launch`` and in every module that imported it."""
+    """``launch`` in ``_launch`` and in every module that imported it (not a module's own ``launch``,
+    as ``_pointwise``'s, that calls it)."""
     for name, module in list(sys.modules.items()):
-        if name.startswith("kcourse.blas.triton") and getattr(module, "launch", None) is not None:
+        if name.startswith("kcourse.blas.triton") and getattr(module, "launch", None) in (_DIRECT, through_triton):
             module.launch = fn
 
 
