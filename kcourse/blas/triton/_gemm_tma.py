@@ -58,7 +58,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
-from ._launch import INTERPRET, autotune, is_hopper, launch, launch_tuned
+from ._launch import INTERPRET, autotune, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 from ._pointwise import activate
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
@@ -104,7 +104,7 @@ def tiles_that_fit(configs, args, **kwargs):
     configs, and tuning a new small shape costs one or two compiles instead of all of them. A gated
     pair (a second B operand) takes tiles of at most PAIR_TILE elements: two accumulators of a
     128 x 256 tile would not fit in registers."""
-    M, N = max(64, triton.next_power_of_2(args["M"])), max(64, triton.next_power_of_2(args["N"]))
+    M, N = max(64, next_power_of_2(args["M"])), max(64, next_power_of_2(args["N"]))
     pair = args.get("B2_ptr", args.get("b2_desc")) is not None
     fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N
            and not (pair and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > PAIR_TILE)]
@@ -342,7 +342,7 @@ def tma_layouts(A, B, out):
     """``tma_plan`` without the device checks (the interpreter tests call the kernel through it)."""
     batch, M, K = A.shape
     N = B.shape[2]
-    if K == 0 or max(M, N, K) >= 2**31 - 2**10 or batch * triton.cdiv(M, 64) * triton.cdiv(N, 64) >= 2**31:
+    if K == 0 or max(M, N, K) >= 2**31 - 2**10 or batch * cdiv(M, 64) * cdiv(N, 64) >= 2**31:
         return None
     a, b, o = tma_layout(A, batch), tma_layout(B, batch), tma_layout(out, batch)
     if a is None or b is None or o != (True, batch > 1):
@@ -358,12 +358,12 @@ def num_sms(device: torch.device) -> int:
 def split_k(batch, M, N, K, sms):
     """(S, k per split): S > 1 for a 2-D product with at most half as many SPLIT_TILE-square tiles
     as SMs, as many splits as fill the SMs once (at most MAX_SPLITS, at least SPLIT_MIN_K each)."""
-    tiles = triton.cdiv(M, SPLIT_TILE) * triton.cdiv(N, SPLIT_TILE)
+    tiles = cdiv(M, SPLIT_TILE) * cdiv(N, SPLIT_TILE)
     splits = min(MAX_SPLITS, sms // tiles, K // SPLIT_MIN_K) if batch == 1 else 1
     if splits < 2:
         return 1, K
-    k_split = triton.cdiv(triton.cdiv(K, splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    return triton.cdiv(K, k_split), k_split
+    k_split = cdiv(cdiv(K, splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    return cdiv(K, k_split), k_split
 
 
 def _descriptor(x, batched):
@@ -378,7 +378,7 @@ def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none
     a_kmajor, a_batched, b_kmajor, b_batched = plan
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
     sms = num_sms(A.device)
-    grid = lambda meta: (min(sms, Z * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+    grid = lambda meta: (min(sms, Z * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
     # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
     key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None,
            B2 is None)
@@ -405,7 +405,7 @@ def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None
         return out
     partial = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)  # (S, M, N)
     _launch(A, B, None, 1.0, 0.0, partial, plan, splits, k_split, True)
-    grid = (triton.cdiv(M, SUM_BLOCK_M) * triton.cdiv(N, SUM_BLOCK_N),)
+    grid = (cdiv(M, SUM_BLOCK_M) * cdiv(N, SUM_BLOCK_N),)
     launch(splitk_sum_kernel, grid, partial, None if C is None else C[0], out[0], None if z is None else z[0], M, N,
            splits, *(C.stride()[1:] if C is not None else (0, 0)), *out.stride()[1:], alpha, beta,
            ACTIVATION=activation, BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N, num_warps=4)

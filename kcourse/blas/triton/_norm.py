@@ -57,7 +57,7 @@ import triton.language as tl
 
 from .. import _host
 from .._layout import rows_of
-from ._launch import block_indices, launch, sm_count, sum_pair
+from ._launch import block_indices, cdiv, launch, next_power_of_2, sm_count, sum_pair
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
@@ -74,7 +74,7 @@ SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction
 def _block(d: int, on_chip: int) -> dict:
     """Launch options for rows of ``d`` columns: the whole row as one block when it fits ``on_chip``,
     else ``CHUNK_D`` columns at a time; about 8 elements per thread (1 to 16 warps)."""
-    block = triton.next_power_of_2(max(d, 16))
+    block = next_power_of_2(max(d, 16))
     one_block = block <= on_chip
     block = block if one_block else CHUNK_D
     return {"BLOCK_D": block, "ONE_BLOCK": one_block, "num_warps": min(max(block // 256, 1), 16)}
@@ -349,7 +349,7 @@ def _backward_options(n: int, d: int, itemsize: int) -> dict:
     options = _block(d, ON_CHIP_BACKWARD)
     if not options["ONE_BLOCK"]:
         return {**options, "BLOCK_M": 1, "PREFETCH": False}
-    block_m = min(max(BACKWARD_TILE // options["BLOCK_D"], 1), triton.next_power_of_2(max(n, 1)))
+    block_m = min(max(BACKWARD_TILE // options["BLOCK_D"], 1), next_power_of_2(max(n, 1)))
     warps = min(max(block_m * options["BLOCK_D"] // (32 * BACKWARD_THREAD_ELEMENTS), 1), 16)
     return {**options, "BLOCK_M": block_m, "PREFETCH": itemsize <= PREFETCH_ITEMSIZE, "num_warps": warps}
 
@@ -362,9 +362,9 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
     device = x2.device
     options = _backward_options(n, d, x2.element_size())
     sms = sm_count(device)  # 4 in the interpreter: several programs, the CPU tests cover the column sums
-    tiles = triton.cdiv(n, options["BLOCK_M"])
-    rows_per_program = options["BLOCK_M"] * max(1, triton.cdiv(tiles, PROGRAMS_PER_SM * sms))
-    programs = max(1, triton.cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums
+    tiles = cdiv(n, options["BLOCK_M"])
+    rows_per_program = options["BLOCK_M"] * max(1, cdiv(tiles, PROGRAMS_PER_SM * sms))
+    programs = max(1, cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums
     dx = torch.empty(dout.shape, dtype=x2.dtype, device=device) if needs[0] else None
     partials, dw, db = _host.weight_partials(needs, programs, d, device)  # one buffer, one column-sum launch
     totals = None  # long rows with dx and a column sum: dx is written in the column sweep, from these row sums
@@ -380,9 +380,9 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
 def _column_sum_launch(partials, out0, out1):
     """out0 (and out1 when not None) (D,) <- the column sums of the (S, P, D) float32 ``partials``."""
     s, p, d = partials.shape
-    block_p = min(triton.next_power_of_2(p), SUM_MAX_BLOCK_P)
+    block_p = min(next_power_of_2(p), SUM_MAX_BLOCK_P)
     block_d = max(SUM_TILE // block_p, 1)
-    launch(column_sum_kernel, (triton.cdiv(d, block_d), s), partials, out0, out1, p, d,
+    launch(column_sum_kernel, (cdiv(d, block_d), s), partials, out0, out1, p, d,
            BLOCK_P=block_p, BLOCK_D=block_d, num_warps=SUM_WARPS)
 
 

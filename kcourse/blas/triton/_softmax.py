@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import block_indices, launch, strided_layout, strided_offsets
+from ._launch import block_indices, cdiv, launch, next_power_of_2, strided_layout, strided_offsets
 
 TILE = 4096  # elements per program when rows are short: 16 per thread with 8 warps
 MAX_ONE_PASS = 16384  # the longest row kept in registers: 32 per thread with 16 warps
@@ -136,13 +136,13 @@ def launch_rows(op: str, kernel, inputs: list[torch.Tensor], dim: int, LOG: bool
         row_shape, row_strides = strided_layout(op, *(t.select(dim, 0) for t in (*inputs, out)))
     M, N = out.numel() // out.shape[dim], out.shape[dim]
     if N <= MAX_ONE_PASS:
-        BLOCK_N = triton.next_power_of_2(N)
-        BLOCK_M = min(max(TILE // BLOCK_N, 1), triton.next_power_of_2(M))
+        BLOCK_N = next_power_of_2(N)
+        BLOCK_M = min(max(TILE // BLOCK_N, 1), next_power_of_2(M))
     else:
         BLOCK_N, BLOCK_M = CHUNK, 1
     num_warps = min(16, max(1, BLOCK_M * BLOCK_N // 512))
     tensors = (*inputs, out)
-    launch(kernel, (triton.cdiv(M, BLOCK_M),), *tensors, M, N, row_shape, *row_strides,
+    launch(kernel, (cdiv(M, BLOCK_M),), *tensors, M, N, row_shape, *row_strides,
            *(t.stride(dim) for t in tensors), LOG=LOG, ONE_PASS=N <= BLOCK_N, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
            num_warps=num_warps)
     return out

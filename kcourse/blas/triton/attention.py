@@ -73,7 +73,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._layout import tma_strides
-from ._launch import INTERPRET, autotune, is_hopper, launch, launch_tuned
+from ._launch import INTERPRET, autotune, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
@@ -134,7 +134,7 @@ def tiles_that_fit(configs, args, **kwargs):
     for float32 inputs every tile above 64 x 32: float32 tiles of that size already fill the
     registers, larger ones spill and take minutes each to compile and autotune. (The TMA kernel's
     Q is a descriptor of a 16-bit tensor.)"""
-    M, N = max(32, triton.next_power_of_2(args["Tq"])), max(32, triton.next_power_of_2(args["Tk"]))
+    M, N = max(32, next_power_of_2(args["Tq"])), max(32, next_power_of_2(args["Tk"]))
     if getattr(args["Q"], "dtype", None) == torch.float32:
         configs = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 32]
     fit = [c for c in configs if c.kwargs["BLOCK_M"] <= M and c.kwargs["BLOCK_N"] <= N]
@@ -500,7 +500,7 @@ def _meta(q: torch.Tensor) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _meta_of(D: int, dtype: torch.dtype, tf32: bool) -> dict:
-    return {"HEAD_DIM": D, "BLOCK_D": max(16, triton.next_power_of_2(D)),
+    return {"HEAD_DIM": D, "BLOCK_D": max(16, next_power_of_2(D)),
             "PRECISION": "tf32" if tf32 else "ieee", "UPCAST": INTERPRET and dtype != torch.float32}
 
 
@@ -510,7 +510,7 @@ def _key(q: torch.Tensor, Tq: int, Tk: int, causal: bool, meta: dict) -> tuple:
 
 
 def _grid(T: int, B: int, H: int, block: str):
-    return lambda meta: (triton.cdiv(T, meta[block]), H, B)
+    return lambda meta: (cdiv(T, meta[block]), H, B)
 
 
 def tma_device(q: torch.Tensor) -> bool:

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import CHECKED, block_indices, launch
+from ._launch import CHECKED, block_indices, cdiv, launch, next_power_of_2
 from ._softmax import CHUNK
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
@@ -212,14 +212,14 @@ def _forward_options(N, V):
     if V > ONE_PASS_V:
         block_v = _block_v(V)
         return {"ONE_PASS": False, "BLOCK_M": 1, "BLOCK_V": block_v, "num_warps": _warps(block_v)}
-    block_v = triton.next_power_of_2(V)
-    block_m = min(max(TILE // block_v, 1), triton.next_power_of_2(N))
+    block_v = next_power_of_2(V)
+    block_m = min(max(TILE // block_v, 1), next_power_of_2(N))
     warps = min(max(block_m * block_v // (32 * THREAD_ELEMENTS), 1), 16)
     return {"ONE_PASS": True, "BLOCK_M": block_m, "BLOCK_V": block_v, "num_warps": warps}
 
 
 def _block_v(V):
-    return min(triton.next_power_of_2(max(V, 1)), CHUNK)
+    return min(next_power_of_2(max(V, 1)), CHUNK)
 
 
 def _warps(block):
@@ -231,7 +231,7 @@ def _valid_sum(loss, target, ignore_index, reduction, out):
     ignore_index, or (reduction "count", loss None) their count: per-block partials in one launch,
     then their fixed-order sum."""
     N = target.shape[0]
-    programs = max(1, triton.cdiv(N, SUM_BLOCK))
+    programs = max(1, cdiv(N, SUM_BLOCK))
     partials = torch.empty(2, programs, dtype=torch.float32, device=target.device)
     launch(valid_partials_kernel, (programs,), loss, target, partials, N, target.stride(0), ignore_index,
            BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
@@ -243,7 +243,7 @@ def _valid_sum(loss, target, ignore_index, reduction, out):
 def _forward(logits, target, lse, loss, ignore_index):
     N, V = logits.shape
     options = _forward_options(N, V)
-    launch(cross_entropy_kernel, (triton.cdiv(N, options["BLOCK_M"]),),
+    launch(cross_entropy_kernel, (cdiv(N, options["BLOCK_M"]),),
            logits, target, lse, loss, N, V, *logits.stride(), target.stride(0), ignore_index,
            EARLY_LOAD=EARLY_LOAD, PREFETCH=PREFETCH, **options, **CHECKED)
 

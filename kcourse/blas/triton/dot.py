@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import BLOCK, NUM_WARPS, block_indices, launch, sm_count
+from ._launch import BLOCK, NUM_WARPS, block_indices, cdiv, launch, next_power_of_2, sm_count
 
 PROGRAMS_PER_SM = 4  # stage 1 launches this many programs per streaming multiprocessor
 
@@ -43,10 +43,10 @@ def dot_finish_kernel(partials_ptr, out_ptr, num_partials, BLOCK: tl.constexpr):
 def dot(x, y):
     """``x^T y`` as a 0-d tensor of ``x.dtype``, accumulated in float32."""
     n = x.numel()
-    programs = min(triton.cdiv(n, BLOCK), PROGRAMS_PER_SM * sm_count(x.device))
+    programs = min(cdiv(n, BLOCK), PROGRAMS_PER_SM * sm_count(x.device))
     partials = torch.empty(programs, dtype=torch.float32, device=x.device)
     out = torch.empty((), dtype=x.dtype, device=x.device)
     launch(dot_partials_kernel, (programs,), x, y, partials, n, x.stride(0), y.stride(0), programs * BLOCK,
            BLOCK=BLOCK, num_warps=NUM_WARPS)
-    launch(dot_finish_kernel, (1,), partials, out, programs, BLOCK=triton.next_power_of_2(programs))
+    launch(dot_finish_kernel, (1,), partials, out, programs, BLOCK=next_power_of_2(programs))
     return out

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import CHECKED, block_indices, launch
+from ._launch import CHECKED, block_indices, cdiv, launch, next_power_of_2
 
 NUM_WARPS = 4
 
@@ -65,9 +65,9 @@ def embedding_backward_kernel(idx_ptr, dout_ptr, acc_ptr, N, V, D, stride_idx,
 
 def _tiling(N: int, D: int):
     """The grid and launch options: tiles of ~4096 elements, up to 1024 columns a step, the rest tokens."""
-    block_d = min(triton.next_power_of_2(D), 1024)
+    block_d = min(next_power_of_2(D), 1024)
     block_n = max(1, 4096 // block_d)
-    return (triton.cdiv(N, block_n),), {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": NUM_WARPS}
+    return (cdiv(N, block_n),), {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": NUM_WARPS}
 
 
 def _gather(idx, weight, out):

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_layout, tma_plan
-from ._launch import INTERPRET, autotune, launch_tuned
+from ._launch import INTERPRET, autotune, cdiv, launch_tuned
 from ._pointwise import activate
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
@@ -167,7 +167,7 @@ def gemm(A, B, C, alpha, beta, out, activation="none", z=None, B2=None, C2=None,
     batch, M, K = A.shape
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    grid = lambda meta: (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    grid = lambda meta: (batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
     precision = "tf32" if tf32 else "ieee"
     key = (M, N, K, precision, A.dtype, B.dtype, out.dtype, None if C is None else C.dtype, z is None,
            B2 is None)  # what the autotuner's pick depends on

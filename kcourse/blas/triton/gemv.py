@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, autotune, block_indices, launch_tuned
+from ._launch import INTERPRET, autotune, block_indices, cdiv, launch_tuned
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4)]
@@ -46,7 +46,7 @@ def gemv_kernel(A_ptr, x_ptr, y_ptr, out_ptr, M, N, stride_am, stride_an, stride
 def gemv(A, x, y, alpha, beta, out):
     """``out <- alpha * A x + beta * y`` (``y`` is None when ``beta == 0``); returns ``out``."""
     M, N = A.shape
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)
+    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]),)
     # what the autotuner's pick depends on: its key arguments and the tensors' dtypes
     key = (M, N, A.stride(0), A.stride(1), A.dtype, x.dtype, out.dtype, None if y is None else y.dtype)
     launch_tuned(gemv_kernel, grid, key, A, x, y, out, M, N, A.stride(0), A.stride(1), x.stride(0),

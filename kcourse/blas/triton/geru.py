@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import launch
+from ._launch import cdiv, launch
 
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 8
 
@@ -37,7 +37,7 @@ def geru_kernel(A_ptr, x_ptr, y_ptr, out_ptr, M, N, stride_am, stride_an, stride
 def geru(A, x, y, alpha, out):
     """``out <- A + alpha * x y^T``; returns ``out``."""
     M, N = A.shape
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+    grid = (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)
     launch(geru_kernel, grid, A, x, y, out, M, N, A.stride(0), A.stride(1), x.stride(0), y.stride(0),
            out.stride(0), out.stride(1), alpha, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
            num_warps=NUM_WARPS)

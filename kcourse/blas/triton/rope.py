@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import _host
-from ._launch import launch, strided_layout, strided_offsets
+from ._launch import cdiv, launch, next_power_of_2, strided_layout, strided_offsets
 
 TWO_PI = tl.constexpr(2 * math.pi)
 NUM_WARPS = 4
@@ -63,9 +63,9 @@ def _rotate(x, out, positions, table, sign):
     half = D // 2
     N = x.numel() // (T * D)  # rows: the leading dims, addressed through their strides
     lead_shape, (x_lead, out_lead) = strided_layout("rope", x[..., 0, 0], out[..., 0, 0])
-    block_h = min(triton.next_power_of_2(half), 128)
-    block_n = min(triton.next_power_of_2(N), max(1, 2048 // block_h))  # tiles of 2 x ~2048 elements
-    grid = (T * triton.cdiv(N, block_n),)
+    block_h = min(next_power_of_2(half), 128)
+    block_n = min(next_power_of_2(N), max(1, 2048 // block_h))  # tiles of 2 x ~2048 elements
+    grid = (T * cdiv(N, block_n),)
     launch(rope_kernel, grid, x, out, positions, table, N, T, half, lead_shape, x_lead, out_lead,
            x.stride(-2), x.stride(-1), out.stride(-2), out.stride(-1),
            positions.stride(0) if positions is not None else 0, sign,
