@@ -400,13 +400,17 @@ def acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True,
-                             dlogits_in_place=False):
+                             dlogits_in_place=False, weights_on_operands=False):
     """``(linear_cross_entropy, linear_cross_entropy_backward)`` of a backend from its own kernels
     (``gemm``, ``gemv``, ``cross_entropy`` and its backward, as ``kcourse.blas.<backend>`` exports them):
     ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), ``chunk_rows`` rows
     at a time, each chunk's (rows, V) logits in one reused buffer (``chunked=False``: all N rows at
     once). ``dlogits_in_place``: the backend's cross_entropy backward may write dlogits over the
-    logits it reads (``out=``), so the chunk needs no second buffer.
+    logits it reads (``out=``), so the chunk needs no second buffer. ``weights_on_operands``: the
+    backward's ``row_weighted=False`` gives dlogits without each row's weight g (dout, 0 on ignored
+    rows), which is applied to the (n, K) operands instead (dx = g * (dlogits W), dW += dlogits^T (g
+    x), dbias += dlogits^T g): a pass over n x K elements rather than n x V, where the backward's
+    scaling is a pass of its own (the pytorch backend's ATen ops; a kernel fuses it).
 
     With ``grads`` (some input wants a gradient) and a "mean" or "sum", the forward also computes the
     gradients, in the same pass over the chunk: dlogits = softmax - onehot (the sum's backward for
@@ -420,17 +424,21 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
     in place): each chunk's product is accumulated in float32 and added to the running sum in the
     epilogue, rounded once per chunk (at most CHUNKS roundings for a half-precision weight)."""
 
-    def accumulate(dlogits, x, weight, dx, sums, first, ones):
+    def accumulate(dlogits, x, weight, dx, sums, first, ones, g=None):
         """dx <- dlogits weight; (dW, dbias) <- (dlogits^T x, dlogits^T 1) for the ``first`` chunk,
-        else += them, in place."""
+        else += them, in place; with the rows' weights ``g`` (n,), dlogits's rows scaled by them."""
         beta = 0.0 if first else 1.0
         if dx is not None and dx.numel():
             gemm(dlogits, weight, None, 1.0, 0.0, dx)  # (n, V) @ (V, K)
+            if g is not None:
+                dx.mul_(g[:, None])
         dweight, dbias = sums
         if dweight is not None and dweight.numel():
+            x = x if g is None else x * g[:, None]
             gemm(dlogits.mT, x, None if first else dweight, 1.0, beta, dweight)  # (V, n) @ (n, K)
         if dbias is not None:
-            gemv(dlogits.mT, ones[: x.shape[0]], None if first else dbias, 1.0, beta, dbias)  # (V, n) @ (n,)
+            g = ones[: x.shape[0]] if g is None else g
+            gemv(dlogits.mT, g, None if first else dbias, 1.0, beta, dbias)  # (V, n) @ (n,)
 
     def sweep(x, weight, target, bias, ignore_index, lse, *, losses=None, grads=None, dout=None):
         """One pass over the rows, a chunk at a time: the chunk's logits (n, V), then
@@ -468,9 +476,10 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
                 lse_rows = lse[rows]
             if grads is not None:
                 d, how = (one, "sum") if dout is None else (dout[rows], "none")
-                more = {"out": logits} if dlogits_in_place else {}
+                more = {"out": logits} if dlogits_in_place else {"row_weighted": False} if weights_on_operands else {}
                 dlogits, _ = cross_entropy_backward(d, (logits, t, lse_rows), (True, False), ignore_index, how, **more)
-                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, start == 0, ones)
+                g = torch.where(t != ignore_index, d, 0).to(x.dtype) if weights_on_operands else None  # (n,)
+                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, start == 0, ones, g)
 
     def new_grads(x, weight, bias, wanted):
         """(dx, dweight, dbias) for ``sweep``, uninitialised (the first chunk writes them)."""

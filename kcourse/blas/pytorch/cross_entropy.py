@@ -57,16 +57,22 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, lse)
 
 
-def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, reduction: str):
+def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, reduction: str,
+                           row_weighted: bool = True):
+    """``(dx, None)``. ``row_weighted=False``: dx is softmax - onehot, each row's weight g (dout,
+    dout / n_valid, 0 on ignored rows) not applied, for a caller that applies it to a narrower
+    tensor (linear_cross_entropy scales its (n, K) operands instead of the (n, V) dlogits)."""
     logits, target, lse = cache
     if not needs[0]:
         return None, None
     N, V = logits.shape
     valid = target != ignore_index
-    g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
     cols = _columns(target, valid)
     x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
-    d_t = (torch.exp(x_t - lse) - 1) * g  # (N,): the target column, in float32
+    d_t = torch.exp(x_t - lse) - 1  # (N,): the target column, in float32
     dx = torch.softmax(logits, dim=1)  # (N, V) in the logits' dtype
-    dx.mul_(g[:, None])
+    if row_weighted:
+        g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
+        d_t = d_t * g
+        dx.mul_(g[:, None])
     return dx.scatter_(1, cols, d_t.to(dx.dtype)[:, None]), None

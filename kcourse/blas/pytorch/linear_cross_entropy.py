@@ -1,6 +1,7 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's kernels, a chunk of rows at a time: the logits by ``torch.addmm`` (cuBLAS), the loss and
-dlogits by ATen's log_softmax and softmax (``cross_entropy.py``), dbias by ``torch.addmv``. Peak
+dlogits by ATen's log_softmax and softmax (``cross_entropy.py``), dbias by ``torch.addmv``; each
+row's weight (dout, 0 on ignored rows) scales the (rows, K) operands, not the (rows, V) dlogits. Peak
 memory: two (rows, V) chunks (the logits and dlogits) instead of the whole (N, V) twice.
 """
 from .. import _host
@@ -9,4 +10,5 @@ from .gemm import gemm
 from .gemv import gemv
 
 linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
-    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward)
+    gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward,
+    weights_on_operands=True)
