@@ -12,29 +12,12 @@ each backend, and the step's cProfile on each backend.
 import argparse
 import cProfile
 import pstats
-import statistics
-import time
 
 import torch
 
 import kcourse
 from benchmarks import gpt as bench
-from benchmarks.host import cases
-
-
-def timed(fn, calls: int, rounds: int, device: str) -> float:
-    """Median microseconds per ``fn()`` over ``rounds`` rounds of ``calls`` calls and one sync."""
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+from benchmarks.host import cases, per_call as timed  # median us per call: calls in a row, one sync
 
 
 def profile(fn, calls: int, lines: int) -> str:
