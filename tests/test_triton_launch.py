@@ -46,3 +46,26 @@ def test_specialization_is_hashable_and_tells_kinds_apart():
     assert _specialization(1) != _specialization(True) and _specialization(0) != _specialization(None)
     assert _specialization(1.0) != _specialization(1) and _specialization(16) != _specialization(32 + 1)
     assert _specialization("gelu") != _specialization("none")
+
+
+def test_gemm_descriptors_copied_from_a_template_equal_triton_s():
+    """The TMA gemm's descriptors: one validated per shape, strides and dtype, then copied with their
+    own base. A copy equals the descriptor Triton would make, field for field; a misaligned base is
+    validated afresh (and refused by Triton); the template holds no tensor."""
+    from kcourse.blas.triton import _gemm_tma
+
+    buffer = torch.zeros(4, 64, 128, dtype=torch.bfloat16)
+    for x, batched in [(buffer, True), (buffer[1:3], True), (buffer[:1], False), (buffer[:, :, 64:], True)]:
+        for _ in range(2):  # the first call makes the template, the second copies it
+            made = _gemm_tma._descriptor(x, batched)
+            view = x if batched else x[0]
+            expected = TensorDescriptor(view, list(view.shape), list(view.stride()), [1] * view.dim())
+            assert type(made) is TensorDescriptor and vars(made).keys() == vars(expected).keys()
+            assert made.base.data_ptr() == view.data_ptr() and made.base.shape == view.shape
+            assert {k: v for k, v in vars(made).items() if k != "base"} == \
+                {k: v for k, v in vars(expected).items() if k != "base"}
+    assert all(t.base is None for t in _gemm_tma._DESCRIPTORS.values())
+    odd = torch.zeros(64 * 128 + 1, dtype=torch.bfloat16)[1:].view(1, 64, 128)  # 2 bytes past alignment
+    _gemm_tma._descriptor(torch.zeros(1, 64, 128, dtype=torch.bfloat16), True)  # (its template)
+    with pytest.raises(AssertionError, match="aligned"):
+        _gemm_tma._descriptor(odd, True)

@@ -47,6 +47,7 @@ keep out before a run and put it back after. The tuned configs are readable as
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -366,11 +367,31 @@ def split_k(batch, M, N, K, sms):
     return cdiv(K, k_split), k_split
 
 
+_DESCRIPTORS: dict = {}  # (shape, strides, dtype) -> a TensorDescriptor of such a tensor, validated, with no base
+
+
 def _descriptor(x, batched):
     """A TMA descriptor of the (batch, rows, cols) x with cols of stride 1: 3-D, or 2-D of x[0]
-    (a matrix shared by the batch); the config's pre_hook sets the block shape."""
+    (a matrix shared by the batch); the config's pre_hook sets the block shape. Triton validates a
+    descriptor as it is made (a few microseconds of the host's time, three or more per gemm); here
+    it validates one per shape, strides and dtype, which the others copy, with their own base
+    (16-byte aligned, as ``tma_layout`` checked, or validated afresh)."""
     x = x if batched else x[0]
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1] * x.dim())
+    shape, strides = x.shape, x.stride()
+    key = (shape, strides, x.dtype)
+    template = _DESCRIPTORS.get(key)
+    if template is None or x.data_ptr() % ALIGN_BYTES:
+        made = TensorDescriptor(x, list(shape), list(strides), [1] * x.dim())
+        if template is None:
+            if len(_DESCRIPTORS) > 4096:
+                _DESCRIPTORS.clear()
+            _DESCRIPTORS[key] = template = copy.copy(made)
+            template.base = None  # (a template keeps no tensor alive)
+        return made
+    made = object.__new__(TensorDescriptor)
+    made.__dict__.update(template.__dict__)
+    made.base = x
+    return made
 
 
 def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None, B2=None, C2=None,

@@ -153,11 +153,12 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     meta = {**kwargs, **tuned}
     if config.pre_hook is not None:
         config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
-    launch(kernel.fn, grid(meta), *args, **meta)
+    launch(kernel.fn, grid(meta) if callable(grid) else grid, *args, **meta)
 
 
-_COMPILED: dict = {}  # (jitted function, device, the arguments' specialization, keywords) -> its compiled kernel
-_PARAMS: dict = {}  # jitted function -> (its parameters' names, their defaults)
+# (id of a jitted function, device, the arguments' specialization, keywords) -> (it, its compiled kernel)
+_COMPILED: dict = {}
+_PARAMS: dict = {}  # id of a jitted function -> (it, its parameters' names, their defaults)
 
 
 def _specialization(a):
@@ -207,14 +208,19 @@ def launch(kernel, grid, *args, **kwargs):
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    key = (kernel, device, tuple(map(_specialization, args)), tuple(kwargs.items()))
-    compiled = _COMPILED.get(key)
-    if compiled is None:
+    # keyed by the kernel's id, not the kernel: a JITFunction hashes its source hash under a lock
+    key = (id(kernel), device, tuple(map(_specialization, args)), tuple(kwargs.items()))
+    kept = _COMPILED.get(key)
+    if kept is None or kept[0] is not kernel:
         compiled = kernel[grid](*args, **kwargs)
         if compiled is not None:  # (Triton returns None where it did not compile here and now)
-            _COMPILED[key] = compiled
+            _COMPILED[key] = kernel, compiled
         return
-    names, defaults = _PARAMS.get(kernel) or _PARAMS.setdefault(kernel, _parameters(kernel))
+    compiled = kept[1]
+    kept = _PARAMS.get(id(kernel))
+    if kept is None or kept[0] is not kernel:
+        kept = _PARAMS[id(kernel)] = kernel, *_parameters(kernel)
+    _, names, defaults = kept
     full = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))  # every parameter
     grid = (*(grid(dict(zip(names, full))) if callable(grid) else grid), 1, 1)
     compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
