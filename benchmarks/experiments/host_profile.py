@@ -31,7 +31,8 @@ def profile(fn, calls: int, lines: int) -> str:
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:lines]
     text = [f"{'calls':>7s} {'own us':>8s} {'cum us':>8s}  function (per call of the profiled function)"]
     for (file, line, name), (_, n, own, cum, _) in rows:
-        where = name if file == "~" else f"{file.rpartition('site-packages/')[2].rpartition('/work/main/')[2]}:{line}({name})"
+        short = file.rpartition("site-packages/")[2].rpartition("/work/main/")[2]
+        where = name if file == "~" else f"{short}:{line}({name})"
         text.append(f"{n / calls:7.1f} {own / calls * 1e6:8.1f} {cum / calls * 1e6:8.1f}  {where}")
     return "\n".join(text) + "\n"
 
@@ -63,7 +64,8 @@ def model_steps(args, backends, write) -> None:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     for name in ["torch.nn", *backends]:
         torch.manual_seed(0)
-        model = (bench.torch_reference().GPT(c) if name == "torch.nn" else bench.GPT(c, backend=name)).to(args.device, dtype)
+        model = bench.torch_reference().GPT(c) if name == "torch.nn" else bench.GPT(c, backend=name)
+        model = model.to(args.device, dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
 
         def forward():
@@ -102,7 +104,8 @@ def main():
         def write(s):
             out.write(s)
             out.flush()
-            print(s.splitlines()[1] if s.startswith("\n##") else "", end="\n" if s.startswith("\n##") else "", flush=True)
+            if s.startswith("\n##"):  # the headline of each section on the terminal
+                print(s.splitlines()[1], flush=True)
         write(f"# {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, torch {torch.__version__}\n")
         if not args.no_model:
             model_steps(args, backends, write)

@@ -36,7 +36,8 @@ def variant(name):
 
 
 def host_us(run, calls=2000, rounds=5):
-    A, B = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16), torch.randn(16, 8, device="cuda", dtype=torch.bfloat16)
+    A = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(16, 8, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8, 8, device="cuda", dtype=torch.bfloat16)
     times = []
     for _ in range(rounds):
