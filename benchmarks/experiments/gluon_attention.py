@@ -1,13 +1,14 @@
-"""Experiment: a first Gluon attention forward for Hopper (issue "The triton backend's attention at
+"""Experiment: a first Gluon attention forward and backward for Hopper (issue "The triton backend's attention at
 cuDNN's speed on Hopper, written in Gluon"): TMA loads of Q and a ring of K/V tiles, async
-``warpgroup_mma`` for S = Q K^T and O += P V, the online softmax in registers between them. Not yet
-warp-specialized (one partition: the K/V loads run ``STAGES - 1`` tiles ahead of the products).
+``warpgroup_mma`` for S = Q K^T and O += P V, the online softmax in registers between them; the
+backward per key tile (``attention_bwd_kernel``). Not yet warp-specialized (one partition: the
+loads run ``STAGES - 1`` tiles ahead of the products).
 
     python -m benchmarks.experiments.gluon_attention --compile-only    # any machine: builds for sm_90a
     python -m benchmarks.experiments.gluon_attention OUT.txt            # a Hopper GPU: checks and times
 
-On a GPU: out and lse against the python reference (causal and not, grouped-query, head dims 64 and
-128, odd T), then forward milliseconds against ``F.scaled_dot_product_attention`` and the triton
+On a GPU: out, lse and the gradients against the python reference (causal and not, grouped-query,
+head dims 64 and 128, odd T), then forward milliseconds against ``F.scaled_dot_product_attention`` and the triton
 backend's ``tl`` kernel at T = 1k ... 16k. Without a GPU (``--compile-only``) each variant is compiled
 for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3.6 and 3.9 alike.
 
@@ -132,6 +133,134 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
 
 
 
+@gluon.jit
+def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr,
+                         H, GROUP, Tq, Tk, qk_scale, scale,
+                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One CTA a tile of BLOCK_N keys of one kv head: dK and dV accumulated in registers over every
+    query tile (and every query head of the group) that sees the keys, dQ's share of each added
+    into a float32 dq with atomics. Transposed scores, so that P^T and dS^T feed the products as
+    register operands: S^T = K Q^T, P^T = exp2(S^T - lse), dV += P^T dO, dP^T = V dO^T,
+    dS^T = P^T (dP^T - delta), dK += dS^T Q, dQ += dS K (dS^T through shared memory)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    bhk = gl.program_id(1)
+    HKV = H // GROUP
+    b = bhk // HKV
+    hk = bhk % HKV
+    off_n = pid_n * BLOCK_N
+
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])  # (BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])  # dK, dV (BLOCK_N, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    keys_st: gl.constexpr = gl.SliceLayout(1, st_layout)
+    queries_st: gl.constexpr = gl.SliceLayout(0, st_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_bars.index(s), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [b, hk, off_n, 0], kv_bar, k_smem)
+    tma_load(v_desc, [b, hk, off_n, 0], kv_bar, v_smem)
+    # the query tiles that see these keys: all, or (causal) from the one holding query off_n on
+    first = (off_n // BLOCK_M) if CAUSAL else 0
+    n_q = gl.cdiv(Tq, BLOCK_M) - first
+    total = GROUP * gl.maximum(n_q, 0)  # (query head, query tile) pairs, in one ring
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    for t in gl.static_range(STAGES - 1):
+        if t < total:
+            h = hk * GROUP + t // n_q
+            off_m = (first + t % n_q) * BLOCK_M
+            mbarrier.expect(q_bars.index(t), q_bytes)
+            tma_load(q_desc, [b, h, off_m, 0], q_bars.index(t), q_smem.index(t))
+            tma_load(do_desc, [b, h, off_m, 0], q_bars.index(t), do_smem.index(t))
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    keys = off_n + gl.arange(0, BLOCK_N, layout=keys_st)
+    mbarrier.wait(kv_bar, phase=0)
+    k = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    # dQ's share (BLOCK_M, D): BLOCK_M = 64 rows over two warpgroups side by side
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    dq_rows: gl.constexpr = gl.SliceLayout(1, dq_layout)
+    dq_cols: gl.constexpr = gl.SliceLayout(0, dq_layout)
+
+    for t in range(total):
+        ahead = t + STAGES - 1
+        if ahead < total:
+            refill = ahead % STAGES
+            h_ahead = hk * GROUP + ahead // n_q
+            m_ahead = (first + ahead % n_q) * BLOCK_M
+            mbarrier.expect(q_bars.index(refill), q_bytes)
+            tma_load(q_desc, [b, h_ahead, m_ahead, 0], q_bars.index(refill), q_smem.index(refill))
+            tma_load(do_desc, [b, h_ahead, m_ahead, 0], q_bars.index(refill), do_smem.index(refill))
+        stage = t % STAGES
+        h = hk * GROUP + t // n_q
+        off_m = (first + t % n_q) * BLOCK_M
+        mbarrier.wait(q_bars.index(stage), phase=(t // STAGES) & 1)
+        q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+
+        queries = off_m + gl.arange(0, BLOCK_M, layout=queries_st)
+        row = (b * H + h) * Tq + queries
+        lse = gl.load(lse_ptr + row, mask=queries < Tq, other=float("inf")) * LOG2E_CONST
+        delta = gl.load(delta_ptr + row, mask=queries < Tq, other=0.0)
+
+        st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        st = warpgroup_mma(k, q.permute((1, 0)), st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+        hidden = gl.expand_dims(keys, 1) >= Tk
+        if CAUSAL:
+            hidden = hidden | (gl.expand_dims(keys, 1) > gl.expand_dims(queries, 0))
+        pt = gl.where(hidden, 0.0, gl.exp2(st * qk_scale - gl.expand_dims(lse, 0)))  # (BLOCK_N, BLOCK_M)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
+        dpt = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), dpt, use_acc=False, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)  # (BLOCK_N, BLOCK_M)
+        dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
+        ds_smem.store(dst)
+        fence_async_shared()
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))  # (every product of this tile done)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, ))
+        rows = off_m + gl.arange(0, BLOCK_M, layout=dq_rows)
+        cols = gl.arange(0, HEAD_DIM, layout=dq_cols)
+        where = dq_ptr + gl.expand_dims(((b * H + h) * Tq + rows) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        gl.atomic_add(where, dq * scale, mask=gl.expand_dims(rows < Tq, 1), sem="relaxed")
+
+    mbarrier.invalidate(kv_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(q_bars.index(s))
+    dk_smem = gl.allocate_shared_memory(dtype, dk_desc.block_type.shape, dk_desc.layout)
+    dv_smem = gl.allocate_shared_memory(dtype, dv_desc.block_type.shape, dv_desc.layout)
+    dk_smem.reshape([BLOCK_N, HEAD_DIM]).store((dk * scale).to(dtype))
+    dv_smem.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [b, hk, off_n, 0], dk_smem)  # keys past Tk are clipped by the descriptor
+    tma_store(dv_desc, [b, hk, off_n, 0], dv_smem)
+    tma.store_wait(pendings=0)
+
+
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D TMA descriptor of the (B, H, T, D) ``t`` with (1, 1, rows, D) blocks."""
     block = [1, 1, rows, t.shape[3]]
@@ -160,6 +289,29 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     return out, lse
 
 
+def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, block_m=64, block_n=128, stages=2,
+                  num_warps=8, compile_only=False):
+    """``(dq, dk, dv)`` of ``attention_fwd``'s output for ``dout`` (B, H, Tq, D), under the same rules;
+    delta = rowsum(dout * out) and dq's float32 sums are made by torch here."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq = torch.zeros(B, H, Tq, D, dtype=torch.float32, device=q.device)
+    if Tq == 0 or Tk == 0 or dk.numel() == 0:  # no scores: every gradient 0
+        return dq.to(q.dtype), dk.zero_(), dv.zero_()
+    delta = (dout.float() * out.float()).sum(-1)  # (B, H, Tq)
+    grid = (triton.cdiv(Tk, block_n), B * Hkv)
+    args = (_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
+            _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, dq, H, H // Hkv, Tq, Tk,
+            scale * LOG2E, scale)
+    options = dict(CAUSAL=causal, STAGES=stages, num_warps=num_warps)
+    if compile_only:
+        return attention_bwd_kernel.warmup(*args, grid=grid, **options)
+    attention_bwd_kernel[grid](*args, **options)
+    return dq.to(q.dtype), dk, dv
+
+
 VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, True)
             for dt in (torch.bfloat16, torch.float16)]
 
@@ -172,12 +324,14 @@ def compile_all() -> list:
             q = torch.zeros(2, 4, 200, var["D"], dtype=var["dtype"])
             kv = torch.zeros(2, 2, 200, var["D"], dtype=var["dtype"])
             compiled.append(attention_fwd(q, kv, kv, var["causal"], var["D"] ** -0.5, compile_only=True))
+            lse = torch.zeros(2, 4, 200)
+            compiled.append(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True))
     return compiled
 
 
 def check_and_time(out_path: str) -> None:
     from kcourse import blas
-    from kcourse.blas.python.attention import attention as reference
+    from kcourse.blas.python.attention import attention as reference, attention_backward as reference_backward
     lines = [torch.cuda.get_device_name()]
     gen = torch.Generator(device="cuda").manual_seed(0)
     for var in VARIANTS:
@@ -185,11 +339,15 @@ def check_and_time(out_path: str) -> None:
             D, dtype = var["D"], var["dtype"]
             q = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             k, v = (torch.randn(B, Hkv, Tk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+            dout = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5)
+            grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
             ref, cache = reference(q.double(), k.double(), v.double(), var["causal"], D ** -0.5)
-            err, lse_err = (out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()
-            lines.append(f"{var} B={B} H={H} Hkv={Hkv} T={Tq}: max |out - reference| {err:.3g}, "
-                         f"max |lse - reference| {lse_err:.3g}")
+            ref_grads = reference_backward(dout.double(), cache, (True, True, True), var["causal"], D ** -0.5)
+            errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
+            errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
+            lines.append(f"{var} B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the reference: "
+                         + ", ".join(f"{n} {e:.3g}" for n, e in zip(("out", "lse", "dq", "dk", "dv"), errors)))
     for T in (1024, 2048, 4096, 8192, 16384):
         for causal in (False, True):
             B, H, D = max(1, 16384 // T), 16, 128
@@ -226,7 +384,8 @@ def main():
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
-        print(f"{len(kernels)} variants compiled for sm_90a with Triton {triton.__version__}")
+        print(f"{len(kernels)} kernels (forward and backward of {len(VARIANTS)} variants) compiled for sm_90a "
+              f"with Triton {triton.__version__}")
         return
     check_and_time(args.out or "gluon_attention.txt")
 
