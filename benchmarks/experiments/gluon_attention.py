@@ -37,12 +37,45 @@ LOG2E_CONST = gl.constexpr(LOG2E)  # (the kernel reads globals as constexprs)
 
 
 @gluon.jit
+def _load_kv(k_desc, v_desc, bar, k_buf, v_buf, b, hk, tile):
+    """Tile ``tile`` of K and V into their buffers, both arriving on ``bar``."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [b, hk, tile * BLOCK_N, 0], bar, k_buf)
+    tma_load(v_desc, [b, hk, tile * BLOCK_N, 0], bar, v_buf)
+
+
+@gluon.jit
+def _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL: gl.constexpr, dtype: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """One tile of the online softmax: ``(P in the PV product's operand layout and dtype, alpha, m', l')``
+    for the scores ``s_acc`` of keys tile * BLOCK_N ... (masked past Tk and, causal, past each row)."""
+    BLOCK_N: gl.constexpr = s_acc.shape[1]
+    cols = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_acc.type.layout))
+    hidden = gl.expand_dims(cols, 0) >= Tk
+    if CAUSAL:
+        hidden = hidden | (gl.expand_dims(cols, 0) > gl.expand_dims(rows, 1))
+    scores = gl.where(hidden, float("-inf"), s_acc * qk_scale)
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(scores - gl.expand_dims(m_new, 1))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return gl.convert_layout(p.to(dtype), p_layout), alpha, m_new, l_new
+
+
+@gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
-                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """One CTA a tile of BLOCK_M queries of one head. ``OVERLAP``: FlashAttention-3's schedule within
+    the warpgroups: the tile's S = Q K^T and the previous tile's O += P V are issued together and the
+    softmax of S runs while the P V product does (STAGES >= 3: a K/V buffer is refilled only once its
+    P V is done); else each tile's products in turn."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(not OVERLAP or STAGES >= 3, "the overlapped schedule keeps three K/V tiles")
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // H
@@ -57,10 +90,9 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)  # P from registers
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)  # (later O's staging)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -72,65 +104,71 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
-    # the keys this tile sees: all Tk, or (causal) up to its last query row
+    # the keys this tile sees: all Tk, or (causal) up to its last query row; at least one tile (Tk > 0)
     hi = gl.minimum(Tk, off_m + BLOCK_M) if CAUSAL else Tk
     n_tiles = gl.cdiv(hi, BLOCK_N)
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     for t in gl.static_range(STAGES - 1):  # the ring's first tiles
         if t < n_tiles:
-            mbarrier.expect(kv_bars.index(t), kv_bytes)
-            tma_load(k_desc, [b, hk, t * BLOCK_N, 0], kv_bars.index(t), k_smem.index(t))
-            tma_load(v_desc, [b, hk, t * BLOCK_N, 0], kv_bars.index(t), v_smem.index(t))
+            _load_kv(k_desc, v_desc, kv_bars.index(t), k_smem.index(t), v_smem.index(t), b, hk, t)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     rows = off_m + gl.arange(0, BLOCK_M, layout=rows_s)
     mbarrier.wait(q_bar, phase=0)
     q = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
-    for t in range(n_tiles):
-        ahead = t + STAGES - 1  # into the stage the previous tile used (its products are done): loads
-        if ahead < n_tiles:     # run STAGES - 1 tiles ahead of the products
-            refill = ahead % STAGES
-            mbarrier.expect(kv_bars.index(refill), kv_bytes)
-            tma_load(k_desc, [b, hk, ahead * BLOCK_N, 0], kv_bars.index(refill), k_smem.index(refill))
-            tma_load(v_desc, [b, hk, ahead * BLOCK_N, 0], kv_bars.index(refill), v_smem.index(refill))
-        stage = t % STAGES
-        mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
-        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-        v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-        s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        s_acc = warpgroup_mma(q, k.permute((1, 0)), s_acc, use_acc=False, is_async=True)
+    if OVERLAP:
+        mbarrier.wait(kv_bars.index(0), phase=0)
+        s_acc = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-
-        cols = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_s)
-        hidden = gl.expand_dims(cols, 0) >= Tk
-        if CAUSAL:
-            hidden = hidden | (gl.expand_dims(cols, 0) > gl.expand_dims(rows, 1))
-        scores = gl.where(hidden, float("-inf"), s_acc * qk_scale)
-        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(scores - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v, acc, is_async=True)
+        p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, 0, Tk, qk_scale, CAUSAL, dtype, p_layout)
+        for t in range(1, n_tiles):
+            ahead = t + STAGES - 2  # into the buffers of tile t - 2, whose P V finished last iteration
+            if ahead < n_tiles:
+                _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
+                         v_smem.index(ahead % STAGES), b, hk, ahead)
+            stage = t % STAGES
+            mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
+            s_acc = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            v_prev = v_smem.index((t - 1) % STAGES).reshape([BLOCK_N, HEAD_DIM])
+            acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc, ))  # S done; P V may still run
+            p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, t, Tk, qk_scale, CAUSAL, dtype, p_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+        v_last = v_smem.index((n_tiles - 1) % STAGES).reshape([BLOCK_N, HEAD_DIM])
+        acc = warpgroup_mma(p, v_last, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-
+    else:
+        for t in range(n_tiles):
+            ahead = t + STAGES - 1  # into the buffers of tile t - 1, whose products are done: loads run
+            if ahead < n_tiles:     # STAGES - 1 tiles ahead of the products
+                _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
+                         v_smem.index(ahead % STAGES), b, hk, ahead)
+            stage = t % STAGES
+            mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
+            s_acc = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+            p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, t, Tk, qk_scale, CAUSAL, dtype, p_layout)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+            acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
     mbarrier.invalidate(q_bar)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(kv_bars.index(s))
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
-    o_smem = gl.allocate_shared_memory(dtype, o_desc.block_type.shape, o_desc.layout)
-    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))
+    q.store(out.to(dtype))  # Q's buffer, free now, stages O (the same block shape and layout)
     fence_async_shared()
-    tma_store(o_desc, [b, h, off_m, 0], o_smem)  # rows past Tq are clipped by the descriptor
+    tma_store(o_desc, [b, h, off_m, 0], q_smem)  # rows past Tq are clipped by the descriptor
     lse = (m_i + gl.log2(l_i)) / LOG2E_CONST
     gl.store(lse_ptr + bh * Tq + rows, lse, mask=rows < Tq)
     tma.store_wait(pendings=0)
-
 
 
 @gluon.jit
@@ -269,7 +307,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
-def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, stages=2, num_warps=8,
+def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, overlap=True, num_warps=8,
                   compile_only=False):
     """``(out (B, H, Tq, D), lse (B, H, Tq) float32)`` for bf16/fp16 q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128."""
@@ -282,7 +320,7 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     grid = (triton.cdiv(Tq, block_m), B * H)
     args = (_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m),
             lse, H, H // Hkv, Tq, Tk, scale * LOG2E)
-    options = dict(CAUSAL=causal, STAGES=stages, num_warps=num_warps)
+    options = dict(CAUSAL=causal, STAGES=3 if overlap else 2, OVERLAP=overlap, num_warps=num_warps)
     if compile_only:  # (inside _launch.compiling_only: compiled for sm_90a by a driver with no GPU)
         return attention_fwd_kernel.warmup(*args, grid=grid, **options)
     attention_fwd_kernel[grid](*args, **options)
@@ -323,7 +361,9 @@ def compile_all() -> list:
         for var in VARIANTS:
             q = torch.zeros(2, 4, 200, var["D"], dtype=var["dtype"])
             kv = torch.zeros(2, 2, 200, var["D"], dtype=var["dtype"])
-            compiled.append(attention_fwd(q, kv, kv, var["causal"], var["D"] ** -0.5, compile_only=True))
+            for overlap in (False, True):
+                compiled.append(attention_fwd(q, kv, kv, var["causal"], var["D"] ** -0.5, overlap=overlap,
+                                              compile_only=True))
             lse = torch.zeros(2, 4, 200)
             compiled.append(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True))
     return compiled
@@ -340,21 +380,24 @@ def check_and_time(out_path: str) -> None:
             q = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             k, v = (torch.randn(B, Hkv, Tk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
             dout = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
-            out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5)
-            grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
             ref, cache = reference(q.double(), k.double(), v.double(), var["causal"], D ** -0.5)
             ref_grads = reference_backward(dout.double(), cache, (True, True, True), var["causal"], D ** -0.5)
-            errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
-            errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
-            lines.append(f"{var} B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the reference: "
-                         + ", ".join(f"{n} {e:.3g}" for n, e in zip(("out", "lse", "dq", "dk", "dv"), errors)))
+            for overlap in (False, True):
+                out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5, overlap=overlap)
+                grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
+                errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
+                errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
+                lines.append(f"{var} overlap={overlap} B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the "
+                             "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
+                                                       zip(("out", "lse", "dq", "dk", "dv"), errors)))
     for T in (1024, 2048, 4096, 8192, 16384):
         for causal in (False, True):
             B, H, D = max(1, 16384 // T), 16, 128
             q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
             times = {}
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            for name, fn in (("gluon", lambda: attention_fwd(q, k, v, causal, D ** -0.5)),
+            for name, fn in (("gluon", lambda: attention_fwd(q, k, v, causal, D ** -0.5, overlap=False)),
+                             ("gluon overlap", lambda: attention_fwd(q, k, v, causal, D ** -0.5)),
                              ("sdpa", lambda: sdpa(q, k, v, is_causal=causal)),
                              ("triton tl", lambda: blas.attention(q, k, v, causal=causal, backend="triton"))):
                 fn()
@@ -371,7 +414,8 @@ def check_and_time(out_path: str) -> None:
             flops = 4 * B * H * T * T * D / (2 if causal else 1)
             lines.append(f"T={T} causal={causal}: " + ", ".join(
                 f"{n} {t:.3f} ms ({flops / t / 1e9:.0f} TFLOP/s)" for n, t in times.items())
-                + f"; gluon / sdpa speed {times['sdpa'] / times['gluon']:.2f}")
+                + f"; speed against sdpa: gluon {times['sdpa'] / times['gluon']:.2f}, "
+                f"overlapped {times['sdpa'] / times['gluon overlap']:.2f}")
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -384,7 +428,7 @@ def main():
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
-        print(f"{len(kernels)} kernels (forward and backward of {len(VARIANTS)} variants) compiled for sm_90a "
+        print(f"{len(kernels)} kernels (2 forwards and a backward of {len(VARIANTS)} variants) compiled for sm_90a "
               f"with Triton {triton.__version__}")
         return
     check_and_time(args.out or "gluon_attention.txt")
