@@ -5,6 +5,7 @@ from torch.nn (tests/torch_reference.py), eager, torch.compile'd and under autoc
     python -m benchmarks.gpt --out DIR --batch 16 --backends cute    # torch.nn baselines + cute's variants
     python -m benchmarks.gpt --out DIR --variants eager,autocast     # a subset (see --variants)
     python -m benchmarks.gpt --out DIR --cuda-graph                  # also the "graphed" variants
+    python -m benchmarks.gpt --out DIR --variants eager --cold-start # and each model's first step in a new process
     python -m benchmarks.gpt --out /tmp/g --device cpu --tiny --backends pytorch --variants eager,compile  # smoke test
 
 A variant is MODEL:MODE. MODEL is torch.nn or a kcourse backend (--backends). MODE is one of
@@ -35,7 +36,8 @@ compiled one, torch._dynamo.reset() runs: each variant is a new model instance, 
 every one would be another recompilation of the same forward (after 8, dynamo silently falls back to
 eager), guards of dead models would pile up, and the CUDA graph pools of reduce-overhead would stay
 allocated. The reset leaves the on-disk inductor and autotuning caches alone, so a second run on the
-same machine may show shorter first steps. DIR/gpt.json is rewritten after every variant (a run cut
+same machine may show shorter first steps: what --cold-start measures, each model's first eager
+step in a new process of this script after the run (``cold_start`` in the JSON). DIR/gpt.json is rewritten after every variant (a run cut
 short keeps what it measured); --time-limit starts no variant after so many seconds, so a run in a
 bounded call still prints its table. Every variant trains the same steps on the same batches, so
 the final losses agree to rounding (bf16 weights, or autocast) across models.
@@ -314,6 +316,10 @@ def table(results: dict) -> str:
         lines.append(f"  {name:26s} {r['tokens_per_s']:>11,.0f} {ratio:>7s} {r.get('baseline', ''):23s} "
                      f"{r['step_ms']:8.1f} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f} "
                      f"{format(r['mfu'], '.1%') if r.get('mfu') is not None else '-':>6s}")
+    if results.get("cold_start"):
+        lines.append("  first eager step in a new process (caches on disk from this run): " + ", ".join(
+            f"{m} {r['first_step_s']:.2f} s" if "first_step_s" in r else f"{m} failed"
+            for m, r in results["cold_start"].items()))
     for b, why in results["skipped"].items():
         lines.append(f"  {b if ':' in b else b + ':*':26s} skipped: {why}")
     lines.append("  targets (ratio to baseline): eager >= 1.0 (pytorch backend >= 0.97), compile >= 1.0, "
@@ -344,6 +350,9 @@ def main(argv=None) -> dict:
                    help="start no variant after this many seconds (the rest are recorded as not run)")
     p.add_argument("--allow-graph-breaks", action="store_true", help="torch.compile without fullgraph=True")
     p.add_argument("--profile", action="store_true", help="print where each variant's step time goes (torch.profiler)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="after the variants, each backend's first eager step in a new process (compiled-kernel and "
+                        "autotuning caches as this run left them)")
     args = p.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
     args.cuda = torch.device(args.device).type == "cuda"
@@ -375,8 +384,37 @@ def main(argv=None) -> dict:
         results["variants"][name] = measure(name, args, c, initial, data)
         ratios(results)
         (args.out / "gpt.json").write_text(json.dumps(results, indent=1) + "\n")
+    if args.cold_start:
+        results["cold_start"] = cold_start(args, sorted({n.partition(":")[0] for n in names}))
+        (args.out / "gpt.json").write_text(json.dumps(results, indent=1) + "\n")
     print(table(results), flush=True)
     return results
+
+
+def cold_start(args, models: list[str]) -> dict:
+    """Each model's first eager step (its model built, one AdamW step, synchronized) in a new Python
+    process, as a user's next run meets it: the kernels compiled and the autotuning picks made by
+    this run are on disk (Triton's cache; the CuTe DSL keeps none), nothing is in memory."""
+    import subprocess
+    import sys
+    import tempfile
+    found = {}
+    for model in models:
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, "-m", "benchmarks.gpt", "--out", out, "--backends",
+                       model if model != "torch.nn" else "pytorch", "--variants", f"{model}:eager", "--no-baselines",
+                       "--steps", "1", "--warmup", "1", "--arch", args.arch, "--device", args.device,
+                       "--dtype", args.dtype, "--batch", str(args.batch), *(["--tiny"] if args.tiny else [])]
+            start = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+            wall = time.perf_counter() - start
+            try:
+                first = json.loads((Path(out) / "gpt.json").read_text())["variants"][f"{model}:eager"]["first_step_s"]
+                found[model] = {"first_step_s": first, "process_s": wall}
+            except (OSError, KeyError, ValueError):
+                found[model] = {"error": (done.stderr or done.stdout)[-2000:]}
+        print(f"{model}: first step in a new process {found[model].get('first_step_s', float('nan')):.2f} s", flush=True)
+    return found
 
 
 if __name__ == "__main__":

@@ -33,3 +33,12 @@ def test_tiny_run_on_cpu(tmp_path):
     assert set(runs) == {"torch.nn:eager", "python:eager"}
     assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in runs.values())  # no peak known for a CPU
     assert result["meta"]["flops_per_token"] > 0 and (tmp_path / "gpt.json").exists()
+
+
+def test_cold_start_runs_each_model_in_a_new_process(tmp_path):
+    """--cold-start: each model's first eager step, measured by a second process of the script."""
+    result = gpt.main(["--out", str(tmp_path), "--tiny", "--device", "cpu", "--backends", "python",
+                       "--variants", "python:eager", "--steps", "1", "--warmup", "1", "--cold-start"])
+    cold = result["cold_start"]
+    assert set(cold) == {"python", "torch.nn"}, cold
+    assert all(0 < r["first_step_s"] < r["process_s"] for r in cold.values()), cold
