@@ -23,24 +23,25 @@ baseline of each (--no-baselines: not those). Each variant's ratio is against it
 eager and graphed against torch.nn:eager, compile and compile-ro against torch.nn:compile,
 autocast against torch.nn:autocast and autocast+compile against torch.nn:autocast+compile.
 
-Each variant builds its model afresh from the same initial weights (kcourse's GPT under seed 0;
-the torch.nn twin loads its state dict), trains `--warmup` AdamW steps on random tokens (the first
-one, timed alone, includes compiling, autotuning and CUDA-graph capture), then `--steps` timed
-steps: tokens/s = batch * T / (median step time), each step's time from CUDA events recorded
-between steps (no synchronization inside the loop) or, on the CPU, the wall clock. The peak memory
+Each variant builds its model afresh from the same initial weights (kcourse's GPT under seed 0; the
+torch.nn twin loads its state dict), trains `--warmup` AdamW steps on random tokens (the first one,
+timed alone, includes compiling, autotuning and CUDA-graph capture), then `--steps` timed steps:
+tokens/s = batch * T / (median step time), each step's time from CUDA events recorded between steps
+(no synchronization inside the loop) or, on the CPU, the wall clock. The peak memory
 (torch.cuda.max_memory_allocated, reset before the model is built) covers weights, gradients,
-optimizer state and activations. MFU: tokens/s times ``flops_per_token`` (6 per matmul weight
-plus 12 L d T for attention) over the device's dense bfloat16 peak (``PEAK_TFLOPS``). A variant that fails is recorded with its error and the traceback's
-tail; the others still run. Between variants the model and optimizer are freed and, after a
-compiled one, torch._dynamo.reset() runs: each variant is a new model instance, and without a reset
-every one would be another recompilation of the same forward (after 8, dynamo silently falls back to
-eager), guards of dead models would pile up, and the CUDA graph pools of reduce-overhead would stay
-allocated. The reset leaves the on-disk inductor and autotuning caches alone, so a second run on the
-same machine may show shorter first steps: what --cold-start measures, each model's first eager
-step in a new process of this script after the run (``cold_start`` in the JSON). DIR/gpt.json is rewritten after every variant (a run cut
+optimizer state and activations. MFU: tokens/s times ``flops_per_token`` (6 per matmul weight plus
+12 L d T for attention) over the device's dense bfloat16 peak (``PEAK_TFLOPS``). A variant that
+fails is recorded with its error and the traceback's tail; the others still run. Between variants
+the model and optimizer are freed and, after a compiled one, torch._dynamo.reset() runs: each
+variant is a new model instance, and without a reset every one would be another recompilation of the
+same forward (after 8, dynamo silently falls back to eager), guards of dead models would pile up,
+and the CUDA graph pools of reduce-overhead would stay allocated. The reset leaves the on-disk
+inductor and autotuning caches alone, so a second run on the same machine may show shorter first
+steps: what --cold-start measures, each model's first eager step in a new process of this script
+after the run (``cold_start`` in the JSON). DIR/gpt.json is rewritten after every variant (a run cut
 short keeps what it measured); --time-limit starts no variant after so many seconds, so a run in a
-bounded call still prints its table. Every variant trains the same steps on the same batches, so
-the final losses agree to rounding (bf16 weights, or autocast) across models.
+bounded call still prints its table. Every variant trains the same steps on the same batches, so the
+final losses agree to rounding (bf16 weights, or autocast) across models.
 
 Cost on an H200 (16 host cores; torch 2.11), batch 8: an eager variant ~5 s; a compiled one's first
 step 13-26 s (torch.nn ~25 s, kcourse ~13-23 s); triton's first variant in a process ~50 s more
@@ -413,7 +414,8 @@ def cold_start(args, models: list[str]) -> dict:
                 found[model] = {"first_step_s": first, "process_s": wall}
             except (OSError, KeyError, ValueError):
                 found[model] = {"error": (done.stderr or done.stdout)[-2000:]}
-        print(f"{model}: first step in a new process {found[model].get('first_step_s', float('nan')):.2f} s", flush=True)
+        first = found[model].get("first_step_s", float("nan"))
+        print(f"{model}: first step in a new process {first:.2f} s", flush=True)
     return found
 
 
