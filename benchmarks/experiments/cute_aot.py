@@ -1,7 +1,8 @@
-"""Experiment: can the cute kernels a training step compiles be kept on disk and loaded by the next
-process (issue "kcourse inside PyTorch's execution model", cold start), and what would it save?
+"""Experiment: the cute kernels a training step compiles, kept on disk and loaded back as the next
+process does (``kcourse/blas/cute/_disk.py``): what writing and loading cost against compiling, and
+that a step through loaded kernels computes what the compiled ones did.
 
-    source .cute/activate.sh && python -m benchmarks.experiments.cute_aot OUT.txt [--dir /tmp/cute-aot]
+    source .cute/activate.sh && KCOURSE_CACHE_DIR=0 python -m benchmarks.experiments.cute_aot OUT.txt
 
 ``cute.compile`` never uses the CuTe DSL's own file cache (it passes ``no_cache``), so each process
 compiles every kernel again (~22 s for GPT-2 124M's first step on an H100/H200). The DSL can write a

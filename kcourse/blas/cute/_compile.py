@@ -18,7 +18,8 @@ arguments and builds its tensors inside with ``cute.make_tensor(pointer, layout)
   arguments are None must follow from the key too.
 
 ``launch(factory, key, *args)`` gets the ``Kernel`` of ``factory(*key)`` from ``compile_only``, which
-compiles it once per (factory, key, target), and calls it. Without a GPU every kernel still compiles
+compiles it once per (factory, key, target) -- on a GPU, loads it where an earlier process compiled
+it (``_disk``) -- and calls it. Without a GPU every kernel still compiles
 (for ``sm_90a``): inside ``with compiling_only():`` an op called on CPU tensors compiles every kernel
 it would launch and launches none (its outputs are left unwritten), which is how CI checks that
 every kernel builds.
@@ -86,11 +87,13 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 
 from .. import _cache
+from . import _disk
 
 DTYPES = {torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
           torch.int64: cutlass.Int64, torch.int32: cutlass.Int32}
 PLANS = 1024  # plans an op remembers (distinct dtype / shape / stride / alignment combinations)
 COMPILE_SECONDS: dict[tuple, float] = {}  # (factory name, key, target) -> seconds its first call spent compiling
+LOAD_SECONDS: dict[tuple, float] = {}  # the same, for a kernel loaded from disk (``_disk``) instead
 _kernels: dict[tuple, Kernel] = {}  # (factory, key, target) -> its Kernel
 _compile_only = False
 _CPU_TARGET = "sm_90a"  # what kernels compile for where there is no GPU
@@ -412,8 +415,16 @@ class Kernel:
         self._c_values = [slot.c_value for slot in self._slots]  # argument -> what its slot holds
         compile_args = [slot.compile_value(arg) for slot, arg in zip(self._slots, args)]
         start = time.perf_counter()
-        self.compiled = cute.compile(host, *compile_args, options=f"--gpu-arch {target()}")
-        COMPILE_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
+        # on a GPU, a kernel an earlier process compiled is loaded from disk (``_disk``)
+        kept = None if _compile_only else _disk.name(factory, key, self._slots, target())
+        self.compiled = _disk.load(kept) if kept else None
+        if self.compiled is not None:
+            LOAD_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
+        else:
+            self.compiled = cute.compile(host, *compile_args, options=f"--gpu-arch {target()}")
+            COMPILE_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
+            if kept:
+                _disk.keep(self.compiled, kept)
 
         # The block: slot i is bytes [8i, 8i + 8); the C function gets the addresses of the slots
         # of the arguments that are not None.

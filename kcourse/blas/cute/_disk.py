@@ -1,0 +1,103 @@
+"""Compiled cute kernels kept on disk between processes.
+
+``cute.compile`` compiles every kernel afresh in each process (the CuTe DSL's own file cache is not
+used by it): a GPT-2 training step's kernels take ~20 s before the first step. So a kernel, once
+compiled on a GPU, is written as an object file (``JitCompiledFunction.dump_to_object``: its host
+code and cubin) and the next process that needs the same kernel loads it
+(``cutlass.runtime.load_module``) instead of compiling it.
+
+- Where: ``$KCOURSE_CACHE_DIR/cute`` (``KCOURSE_CACHE_DIR=0``: nothing kept), else
+  ``$XDG_CACHE_HOME/kcourse/cute`` or ``~/.cache/kcourse/cute``.
+- What a file is keyed by (``name``): the factory, its key, the kinds of the arguments it was
+  compiled for, the target GPU, the CuTe DSL's version and the source of every module of
+  ``kcourse.blas``. Any edit to kcourse's kernels or their host code makes the old files
+  unreachable: stale files are never used.
+- Many processes at once (torchrun ranks): a file is written under a temporary name and renamed
+  into place, so a reader sees a whole file or none. A file that fails to load is compiled again.
+- Only a process on a GPU writes files; ``_compile.compiling_only`` (CI without a GPU) writes and
+  reads none.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+
+def directory() -> Path | None:
+    """The cache directory, or None where ``KCOURSE_CACHE_DIR`` turns the cache off ("" or "0")."""
+    chosen = os.environ.get("KCOURSE_CACHE_DIR")
+    if chosen is not None:
+        return None if chosen in ("", "0") else Path(chosen) / "cute"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kcourse" / "cute"
+
+
+@functools.cache
+def _sources() -> str:
+    """A digest of every ``kcourse/blas`` source file and the CuTe DSL's version."""
+    import cutlass
+
+    root = Path(__file__).resolve().parents[1]  # kcourse/blas
+    digest = hashlib.sha256(str(getattr(cutlass, "__version__", "")).encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _kind(slot) -> tuple:
+    """What a launcher slot fixes at compile time: its kind, a pointer's element type and alignment,
+    a number's type."""
+    return (type(slot).__name__, repr(getattr(slot, "dtype", None)), getattr(slot, "align", None),
+            repr(getattr(slot, "type", None)))
+
+
+def name(factory, key: tuple, slots: list, target: str) -> str:
+    """The file name of a kernel (and its symbols' prefix in the object file). A key holding an
+    object without a stable repr gives a name no other process finds: a miss, never a wrong hit."""
+    text = repr((factory.__module__, factory.__qualname__, key, [_kind(s) for s in slots], target, _sources()))
+    return "kcourse_" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def load(prefix: str):
+    """The compiled function kept under ``prefix``, or None (not kept, or not loadable)."""
+    where = directory()
+    path = None if where is None else where / f"{prefix}.o"
+    if path is None or not path.is_file():
+        return None
+    try:
+        from cutlass import runtime
+
+        return getattr(runtime.load_module(str(path)), prefix)
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file: compile instead
+        warnings.warn(f"kcourse: the cute kernel {path} did not load ({type(e).__name__}: {e}); compiling it",
+                      stacklevel=3)
+        return None
+
+
+_UNWRITABLE: list = []  # the error that stopped this process from keeping kernels, once there is one
+
+
+def keep(compiled, prefix: str) -> None:
+    """Write ``compiled`` under ``prefix`` (atomically); after a failure, warn once and keep nothing more."""
+    where = directory()
+    if where is None or _UNWRITABLE:
+        return
+    temporary = None
+    try:
+        data = compiled.dump_to_object(prefix)
+        where.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=where, prefix=f".{prefix}.", suffix=".tmp")
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(temporary, where / f"{prefix}.o")
+    except Exception as e:  # noqa: BLE001 - the cache is an optimization: the kernel is compiled and runs
+        _UNWRITABLE.append(e)
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
+        warnings.warn(f"kcourse: compiled cute kernels are not kept on disk in {where} "
+                      f"({type(e).__name__}: {e}); each process compiles them", stacklevel=3)

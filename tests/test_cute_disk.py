@@ -1,0 +1,106 @@
+"""kcourse/blas/cute/_disk.py, the compiled cute kernels kept between processes: where they live,
+what names them, that a file is written whole or not at all and that a file that does not load is
+compiled instead. Writing and loading real kernels needs a GPU (the DSL links them against the CUDA
+runtime): here the DSL's two calls are stand-ins; benchmarks/experiments/cute_aot.py checks a
+training step through loaded kernels on a GPU."""
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
+
+from kcourse.blas.cute import _compile, _disk  # noqa: E402
+
+
+class Compiled:
+    """Stands in for a JitCompiledFunction: its object file is some bytes."""
+
+    def __init__(self, data=b"\x7fELF object", error=None):
+        self.data, self.error = data, error
+
+    def dump_to_object(self, prefix):
+        if self.error:
+            raise self.error
+        return self.data + prefix.encode()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KCOURSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_disk, "_UNWRITABLE", [])
+    return tmp_path / "cute"
+
+
+def test_where(monkeypatch, tmp_path):
+    monkeypatch.setenv("KCOURSE_CACHE_DIR", str(tmp_path))
+    assert _disk.directory() == tmp_path / "cute"
+    for off in ("", "0"):
+        monkeypatch.setenv("KCOURSE_CACHE_DIR", off)
+        assert _disk.directory() is None
+    monkeypatch.delenv("KCOURSE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _disk.directory() == tmp_path / "xdg" / "kcourse" / "cute"
+
+
+def test_the_name_covers_everything_the_kernel_depends_on():
+    def factory():
+        pass
+
+    pointer = _compile._Pointer(_compile.PointerArg(0, _compile.DTYPES[torch.bfloat16], 16))
+    slots = [pointer, _compile._Number(_compile.Int64), _compile._Absent(), _compile._Stream()]
+    name = _disk.name(factory, ("copy", 4), slots, "sm_90a")
+    assert name == _disk.name(factory, ("copy", 4), slots, "sm_90a") and name.startswith("kcourse_")
+    other_pointer = _compile._Pointer(_compile.PointerArg(0, _compile.DTYPES[torch.float16], 16))
+    others = [_disk.name(factory, ("copy", 8), slots, "sm_90a"),                 # the key
+              _disk.name(factory, ("copy", 4), slots[:2], "sm_90a"),             # the arguments
+              _disk.name(factory, ("copy", 4), [other_pointer, *slots[1:]], "sm_90a"),  # a pointer's type
+              _disk.name(factory, ("copy", 4), slots, "sm_100a"),                # the target
+              _disk.name(test_where, ("copy", 4), slots, "sm_90a")]              # the factory
+    assert len({name, *others}) == 6
+
+
+def test_keep_writes_whole_files_and_load_reads_them(cache, monkeypatch):
+    _disk.keep(Compiled(), "kcourse_a")
+    assert sorted(os.listdir(cache)) == ["kcourse_a.o"]  # no temporary left behind
+    assert (cache / "kcourse_a.o").read_bytes() == b"\x7fELF objectkcourse_a"
+    loaded = []
+
+    class Module:
+        def __init__(self, path):
+            loaded.append(path)
+            self.kcourse_a = "the function"
+
+    from cutlass import runtime
+    monkeypatch.setattr(runtime, "load_module", Module)
+    assert _disk.load("kcourse_a") == "the function" and loaded == [str(cache / "kcourse_a.o")]
+    assert _disk.load("kcourse_b") is None  # not kept: compile
+
+
+def test_a_file_that_does_not_load_is_compiled_instead(cache, monkeypatch):
+    _disk.keep(Compiled(), "kcourse_a")
+
+    def broken(path):
+        raise RuntimeError("not an object file")
+
+    from cutlass import runtime
+    monkeypatch.setattr(runtime, "load_module", broken)
+    with pytest.warns(UserWarning, match="did not load"):
+        assert _disk.load("kcourse_a") is None
+
+
+def test_a_failing_write_warns_once_and_keeps_nothing(cache):
+    with pytest.warns(UserWarning, match="not kept on disk"):
+        _disk.keep(Compiled(error=RuntimeError("no CUDA runtime")), "kcourse_a")
+    _disk.keep(Compiled(), "kcourse_b")  # nothing more this process: no second warning, no file
+    assert not cache.exists() or os.listdir(cache) == []
+
+
+def test_compile_only_runs_use_no_disk(cache):
+    """CI's compile-only kernels are neither written nor read."""
+    from kcourse.blas.cute import copy as cute_copy
+
+    x = torch.zeros(37, 41)
+    with _compile.compiling_only():
+        cute_copy.copy(x, torch.empty_like(x))
+    assert not cache.exists()
