@@ -9,8 +9,8 @@ code and cubin) and the next process that needs the same kernel loads it
 - Where: ``$KCOURSE_CACHE_DIR/cute`` (``KCOURSE_CACHE_DIR=0``: nothing kept), else
   ``$XDG_CACHE_HOME/kcourse/cute`` or ``~/.cache/kcourse/cute``.
 - What a file is keyed by (``name``): the factory, its key, the kinds of the arguments it was
-  compiled for, the target GPU, the CuTe DSL's version and the source of every module of
-  ``kcourse.blas``. Any edit to kcourse's kernels or their host code makes the old files
+  compiled for, the target GPU, the CuTe DSL's version and ``CUTE_DSL_*`` settings, and the source
+  of every module of ``kcourse.blas``. Any edit to kcourse's kernels or their host code makes the old files
   unreachable: stale files are never used.
 - Many processes at once (torchrun ranks): a file is written under a temporary name and renamed
   into place, so a reader sees a whole file or none. A file that fails to load is compiled again.
@@ -38,11 +38,13 @@ def directory() -> Path | None:
 
 @functools.cache
 def _sources() -> str:
-    """A digest of every ``kcourse/blas`` source file and the CuTe DSL's version."""
+    """A digest of every ``kcourse/blas`` source file, the CuTe DSL's version and its compile settings
+    from the environment (``CUTE_DSL_*``)."""
     import cutlass
 
     root = Path(__file__).resolve().parents[1]  # kcourse/blas
-    digest = hashlib.sha256(str(getattr(cutlass, "__version__", "")).encode())
+    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL"))
+    digest = hashlib.sha256(repr((getattr(cutlass, "__version__", ""), settings)).encode())
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
