@@ -86,15 +86,16 @@ class StepSpy(TorchDispatchMode):
 
 def expected_kernels(arch):
     """Per step: one linear per Linear of the blocks (its gemms and gemv, forward and backward, run
-    inside it; the MLP's gelu in c_fc's), a block's first residual add and second norm as one op, the
-    LM head and the loss as one linear_cross_entropy, and nothing else: no scal (every scale in a GPT
-    is 1), no copy kernel."""
+    inside it; the MLP's gelu in c_fc's), each residual add in the op of the norm that reads the sum
+    (the attention's in ln_2, the MLP's in the next block's ln_1 or in ln_f), the LM head and the
+    loss as one linear_cross_entropy, and nothing else: no scal (every scale in a GPT is 1), no copy
+    kernel, one axpby (GPT-2's tokens + positions)."""
     L = LAYERS
-    if arch == "gpt2":  # c_attn, c_proj, c_fc (with the gelu), c_proj per layer; add + ln_2 as one op
-        return {"linear": 4 * L, "axpby": L + 1, "layer_norm": L + 1, "add_layer_norm": L, "attention": L,
+    if arch == "gpt2":  # c_attn, c_proj, c_fc (with the gelu), c_proj per layer; ln_1 of the first block alone
+        return {"linear": 4 * L, "axpby": 1, "layer_norm": 1, "add_layer_norm": 2 * L, "attention": L,
                 "embedding": 2, "linear_cross_entropy": 1}
     # c_attn, c_proj, w_down; w_gate, w_up and the gated unit as one linear_swiglu
-    return {"linear": 3 * L, "linear_swiglu": L, "axpby": L, "rms_norm": L + 1, "add_rms_norm": L, "rope": 2 * L,
+    return {"linear": 3 * L, "linear_swiglu": L, "rms_norm": 1, "add_rms_norm": 2 * L, "rope": 2 * L,
             "attention": L, "embedding": 1, "linear_cross_entropy": 1}
 
 

@@ -1,5 +1,7 @@
-"""The pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the first residual
-add and the second norm as one op (``add_layer_norm`` / ``add_rms_norm``) unless ``config.fused`` is off."""
+"""The pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Unless
+``config.fused`` is off, each residual add runs in the op of the norm that reads its sum
+(``add_layer_norm`` / ``add_rms_norm``): the attention's in the block's second norm, the MLP's in
+the next block's first norm (``GPT`` passes it on: ``defer``) or the final norm."""
 from __future__ import annotations
 
 import torch
@@ -49,11 +51,20 @@ class Block(Module):
         self.mlp = make_feed_forward(c, backend)
         self.fused = c.fused
 
-    def forward(self, x: torch.Tensor, cache=None, layer: int = 0) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        a = self.attn(self.ln_1(x), cache, layer)
-        if self.fused:
-            y, x = self.ln_2.add(a, x)  # x + attn(ln_1(x)), and ln_2 of it
+    def forward(self, x: torch.Tensor, cache=None, layer: int = 0, residual: torch.Tensor | None = None,
+                defer: bool = False):
+        """``x (B, T, C)`` -> the block's output ``(B, T, C)``. With ``residual``, the block's input is
+        ``x + residual``, added in ln_1's op; with ``defer``, the output is returned as the pair ``(m,
+        h)`` of its sum ``m + h``, for the next norm to add in its op."""
+        if residual is None:
+            n, h = self.ln_1(x), x
         else:
-            x = blas.axpby(a, x, backend=self.backend)  # x + attn(ln_1(x))
-            y = self.ln_2(x)
-        return blas.axpby(self.mlp(y), x, backend=self.backend)  # x + mlp(ln_2(x))
+            n, h = self.ln_1.add(x, residual)  # ln_1(x + residual), x + residual
+        a = self.attn(n, cache, layer)
+        if self.fused:
+            y, h = self.ln_2.add(a, h)  # h + attn(ln_1(h)), and ln_2 of it
+        else:
+            h = blas.axpby(a, h, backend=self.backend)  # h + attn(ln_1(h))
+            y = self.ln_2(h)
+        m = self.mlp(y)
+        return (m, h) if defer else blas.axpby(m, h, backend=self.backend)  # h + mlp(ln_2(h))

@@ -118,11 +118,15 @@ class GPT(Module):
         if self.wpe is not None:
             p = self.wpe(self.positions[pos:pos + T])  # (T, C)
             x = blas.axpby(x, p.expand_as(x), backend=self.backend)  # tokens + positions
+        residual = None  # fused: each block's output as the pair (x, residual), added by the next norm
         for i, block in enumerate(self.h):
-            x = block(x, cache, i)
+            if self.config.fused:
+                x, residual = block(x, cache, i, residual=residual, defer=True)
+            else:
+                x = block(x, cache, i)
         if cache is not None:
             cache.advance(T)
-        return self.ln_f(x)
+        return self.ln_f(x) if residual is None else self.ln_f.add(x, residual)[0]
 
     def _padded_logits(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, T, V)`` of each span of tokens, the rows of one span as one batch; 0 at padding."""
