@@ -37,12 +37,47 @@ LOG2E_CONST = gl.constexpr(LOG2E)  # (the kernel reads globals as constexprs)
 
 
 @gluon.jit
+def _barriers(STAGES: gl.constexpr):
+    """``(one, ring)``: an mbarrier and a ring of ``STAGES`` of them, each initialized for one arrival."""
+    one = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ring = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(one, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ring.index(s), count=1)
+    fence_async_shared()
+    return one, ring
+
+
+@gluon.jit
+def _retire(one, ring, STAGES: gl.constexpr):
+    mbarrier.invalidate(one)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ring.index(s))
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, bar, k_buf, v_buf, b, hk, tile):
     """Tile ``tile`` of K and V into their buffers, both arriving on ``bar``."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, hk, tile * BLOCK_N, 0], bar, k_buf)
     tma_load(v_desc, [b, hk, tile * BLOCK_N, 0], bar, v_buf)
+
+
+@gluon.jit
+def _issue_scores(q, s_zero, k_desc, v_desc, kv_bars, k_smem, v_smem, b, hk, t, ahead, n_tiles):
+    """Start loading K/V tile ``ahead`` (if any) into its ring slot, wait for tile ``t``'s, and issue
+    S = Q K_t^T (async: the caller waits for it)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
+    if ahead < n_tiles:
+        _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
+                 v_smem.index(ahead % STAGES), b, hk, ahead)
+    stage = t % STAGES
+    mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
+    k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+    return warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -95,12 +130,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)  # (later O's staging)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(kv_bars.index(s), count=1)
-    fence_async_shared()
+    q_bar, kv_bars = _barriers(STAGES)
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
@@ -126,14 +156,9 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
         p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, 0, Tk, qk_scale, CAUSAL, dtype, p_layout)
         for t in range(1, n_tiles):
-            ahead = t + STAGES - 2  # into the buffers of tile t - 2, whose P V finished last iteration
-            if ahead < n_tiles:
-                _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
-                         v_smem.index(ahead % STAGES), b, hk, ahead)
-            stage = t % STAGES
-            mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
-            s_acc = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
+            # the next loads into the buffers of tile t - 2, whose P V finished last iteration
+            s_acc = _issue_scores(q, s_zero, k_desc, v_desc, kv_bars, k_smem, v_smem, b, hk, t, t + STAGES - 2,
+                                  n_tiles)
             v_prev = v_smem.index((t - 1) % STAGES).reshape([BLOCK_N, HEAD_DIM])
             acc = warpgroup_mma(p, v_prev, acc, is_async=True)
             s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc, ))  # S done; P V may still run
@@ -145,23 +170,17 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     else:
         for t in range(n_tiles):
-            ahead = t + STAGES - 1  # into the buffers of tile t - 1, whose products are done: loads run
-            if ahead < n_tiles:     # STAGES - 1 tiles ahead of the products
-                _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
-                         v_smem.index(ahead % STAGES), b, hk, ahead)
-            stage = t % STAGES
-            mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
-            s_acc = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
+            # the next loads into the buffers of tile t - 1, whose products are done: STAGES - 1 tiles ahead
+            s_acc = _issue_scores(q, s_zero, k_desc, v_desc, kv_bars, k_smem, v_smem, b, hk, t, t + STAGES - 1,
+                                  n_tiles)
             s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+            stage = t % STAGES
             p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, t, Tk, qk_scale, CAUSAL, dtype, p_layout)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
             acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
-    mbarrier.invalidate(q_bar)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(kv_bars.index(s))
+    _retire(q_bar, kv_bars, STAGES)
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
     q.store(out.to(dtype))  # Q's buffer, free now, stages O (the same block shape and layout)
     fence_async_shared()
@@ -205,12 +224,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(q_bars.index(s), count=1)
-    fence_async_shared()
+    kv_bar, q_bars = _barriers(STAGES)
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, hk, off_n, 0], kv_bar, k_smem)
@@ -286,9 +300,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
         where = dq_ptr + gl.expand_dims(((b * H + h) * Tq + rows) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.atomic_add(where, dq * scale, mask=gl.expand_dims(rows < Tq, 1), sem="relaxed")
 
-    mbarrier.invalidate(kv_bar)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(q_bars.index(s))
+    _retire(kv_bar, q_bars, STAGES)
     dk_smem = gl.allocate_shared_memory(dtype, dk_desc.block_type.shape, dk_desc.layout)
     dv_smem = gl.allocate_shared_memory(dtype, dv_desc.block_type.shape, dv_desc.layout)
     dk_smem.reshape([BLOCK_N, HEAD_DIM]).store((dk * scale).to(dtype))
