@@ -43,10 +43,11 @@ def test_where(monkeypatch, tmp_path):
     assert _disk.directory() == tmp_path / "xdg" / "kcourse" / "cute"
 
 
-def test_the_name_covers_everything_the_kernel_depends_on():
-    def factory():
-        pass
+def factory():
+    """A module-level kernel factory, as kcourse's are."""
 
+
+def test_the_name_covers_everything_the_kernel_depends_on():
     pointer = _compile._Pointer(_compile.PointerArg(0, _compile.DTYPES[torch.bfloat16], 16))
     slots = [pointer, _compile._Number(_compile.Int64), _compile._Absent(), _compile._Stream()]
     name = _disk.name(factory, ("copy", 4), slots, "sm_90a")
@@ -58,6 +59,12 @@ def test_the_name_covers_everything_the_kernel_depends_on():
               _disk.name(factory, ("copy", 4), slots, "sm_100a"),                # the target
               _disk.name(test_where, ("copy", 4), slots, "sm_90a")]              # the factory
     assert len({name, *others}) == 6
+
+    def closure():
+        def factory():
+            pass
+        return factory
+    assert _disk.name(closure(), ("copy", 4), slots, "sm_90a") is None  # what it captured is not in its name
 
 
 def test_keep_writes_whole_files_and_load_reads_them(cache, monkeypatch):

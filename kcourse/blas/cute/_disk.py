@@ -58,10 +58,15 @@ def _kind(slot) -> tuple:
             repr(getattr(slot, "type", None)))
 
 
-def name(factory, key: tuple, slots: list, target: str) -> str:
-    """The file name of a kernel (and its symbols' prefix in the object file). A key holding an
-    object without a stable repr gives a name no other process finds: a miss, never a wrong hit."""
-    text = repr((factory.__module__, factory.__qualname__, key, [_kind(s) for s in slots], target, _sources()))
+def name(factory, key: tuple, slots: list, target: str) -> str | None:
+    """The file name of a kernel (and its symbols' prefix in the object file), or None for a factory
+    that is not a module-level function or class (a closure's qualified name does not say what it
+    captured: not kept). A key holding an object without a stable repr gives a name no other process
+    finds: a miss, never a wrong hit."""
+    qualname = getattr(factory, "__qualname__", "<locals>")
+    if "<locals>" in qualname:
+        return None
+    text = repr(((factory.__module__, qualname), key, [_kind(s) for s in slots], target, _sources()))
     return "kcourse_" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
