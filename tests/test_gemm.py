@@ -213,22 +213,46 @@ def test_gemm_triton_tma_inplace(triton_tma, dtype):
     assert_close(C, expected, k=64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_pytorch_gemm_switches_half_reductions_off_and_gives_the_whole_setting_back(dtype):
+    """The pytorch backend's switch of cuBLAS's half-precision split-K reductions: off for its call
+    (the float32 accumulation kcourse promises), then the user's setting back, whole where torch
+    keeps two parts (allow_reduced_precision, allow_splitk); nothing switched where it is off
+    already. torch keeps the flags on a CPU too."""
+    from kcourse.blas.pytorch import gemm as pytorch_gemm
+
+    get, set_ = pytorch_gemm._FLAGS[dtype]
+    before = get()
+    try:
+        for user in ([(True, True)] if isinstance(before, tuple) else [(True,)]):  # (True, False): refused by torch
+            set_(*user)
+            state = pytorch_gemm.reduced_precision_off(dtype)
+            now = get()
+            assert (now[0] if isinstance(now, tuple) else now) is False
+            pytorch_gemm.restore(dtype, state)
+            assert get() == (user if isinstance(before, tuple) else user[0])
+        set_(False, *((False,) if isinstance(before, tuple) else ()))
+        assert pytorch_gemm.reduced_precision_off(dtype) is None  # off already: nothing to switch
+    finally:
+        set_(*(before if isinstance(before, tuple) else (before,)))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="cuBLAS's reduced-precision reductions exist only on CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_pytorch_gemm_reduces_in_float32_and_restores_the_flags(monkeypatch, dtype):
-    """The pytorch backend turns cuBLAS's half-precision split-K reductions off for its call (the
-    float32 accumulation kcourse promises) and gives the user's settings back afterwards."""
-    flags = torch.backends.cuda.matmul
+    """On a GPU: the flag is off while cuBLAS runs the product, on again after."""
+    from kcourse.blas.pytorch import gemm as pytorch_gemm
+
+    get, set_ = pytorch_gemm._FLAGS[dtype]
     seen = []
     real = torch.Tensor.addmm_
-    monkeypatch.setattr(torch.Tensor, "addmm_", lambda *a, **k: seen.append(
-        (flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction)) or real(*a, **k))
-    before = flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction
-    flags.allow_fp16_reduced_precision_reduction = flags.allow_bf16_reduced_precision_reduction = True
+    monkeypatch.setattr(torch.Tensor, "addmm_", lambda *a, **k: seen.append(get()) or real(*a, **k))
+    before = get()
+    set_(True)
     try:
         blas.gemm(randn(64, 48, dtype=dtype), randn(48, 32, dtype=dtype), backend="pytorch")
-        assert seen == [(False, False)]
-        assert (flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction) == \
-            (True, True)
+        assert [s[0] if isinstance(s, tuple) else s for s in seen] == [False]
+        now = get()
+        assert (now[0] if isinstance(now, tuple) else now) is True
     finally:
-        flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction = before
+        set_(*(before if isinstance(before, tuple) else (before,)))

@@ -2,29 +2,46 @@
 
 ``C`` is None when ``beta == 0``: ``out.addmm_(A, B, beta=0)`` ignores ``out``'s old values.
 cuBLAS may reduce float16/bfloat16 split-K partial sums in half precision (PyTorch allows it by
-default); kcourse promises float32 accumulation, so those reductions are switched off for the call.
+default); kcourse promises float32 accumulation, so those reductions are switched off for the call
+and the user's setting is given back after it, whole (``reduced_precision_off``).
 """
 import torch
 
-HALVES = (torch.float16, torch.bfloat16)
+# the cuBLAS flag of each half type, through torch's C functions rather than the Python properties of
+# ``torch.backends.cuda.matmul``, which parse their value on every set (host time: this runs for every
+# gemm of a step); its state is (allow_reduced_precision, allow_splitk) on recent torch, a bool before
+_FLAGS = {torch.float16: (torch._C._get_cublas_allow_fp16_reduced_precision_reduction,
+                          torch._C._set_cublas_allow_fp16_reduced_precision_reduction),
+          torch.bfloat16: (torch._C._get_cublas_allow_bf16_reduced_precision_reduction,
+                           torch._C._set_cublas_allow_bf16_reduced_precision_reduction)}
+
+
+def reduced_precision_off(dtype: torch.dtype) -> tuple | None:
+    """Switch cuBLAS's half-precision reductions off for ``dtype``'s products; returns the state to
+    give back (``restore``), or None where they were off already."""
+    get, set_ = _FLAGS[dtype]
+    state = get()
+    state = state if isinstance(state, tuple) else (state,)
+    if not state[0]:
+        return None
+    set_(False, *state[1:])
+    return state
+
+
+def restore(dtype: torch.dtype, state: tuple | None) -> None:
+    if state is not None:
+        _FLAGS[dtype][1](*state)
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,
          out: torch.Tensor) -> torch.Tensor:
-    # cuBLAS's reduced-precision reductions concern half operands on CUDA only; they are switched
-    # off for the call and restored after it (inline, not a context manager: this runs for every
-    # gemm of a step, and a generator-based context costs the host a few microseconds each)
-    if not (A.is_cuda and A.dtype in HALVES):
+    if not (A.is_cuda and A.dtype in _FLAGS):  # the reductions concern half operands on CUDA only
         return _gemm(A, B, C, alpha, beta, out)
-    flags = torch.backends.cuda.matmul
-    saved = flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction
-    if not any(saved):
-        return _gemm(A, B, C, alpha, beta, out)
-    flags.allow_fp16_reduced_precision_reduction = flags.allow_bf16_reduced_precision_reduction = False
+    state = reduced_precision_off(A.dtype)  # inline rather than a context manager: host time per gemm
     try:
         return _gemm(A, B, C, alpha, beta, out)
     finally:
-        flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction = saved
+        restore(A.dtype, state)
 
 
 def _gemm(A, B, C, alpha, beta, out):
