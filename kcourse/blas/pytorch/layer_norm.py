@@ -26,12 +26,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 def layer_norm_backward(dout, cache, needs, eps):
     x, weight, mean, rstd = cache
     xa, dya, wa = aten_ready(x, dout, weight)
-    # the kernel reads bias only for dbias's shape and dtype, and the cache holds no bias
-    bias = x.new_empty(x.shape[-1:], dtype=xa.dtype) if needs[2] else None
+    # the kernel reads bias only for dbias's shape and dtype, and the cache holds no bias: the weight,
+    # of that shape and dtype, stands in for it (an allocation fewer per call), else an empty one
+    bias = (wa if wa is not None else x.new_empty(x.shape[-1:], dtype=xa.dtype)) if needs[2] else None
     mask = list(needs)
     if needs[2] and not needs[1]:  # CUDA's column sums past 65536 rows (torch 2.11) give dbias of shape (0,)
         mask[1] = True             # or wrong values unless dweight is computed too (of a ones weight if None)
         wa = xa.new_ones(x.shape[-1:]) if wa is None else wa
     grads = torch.ops.aten.native_layer_norm_backward(
         dya, xa, x.shape[-1:], mean.reshape(stat_shape(x)), rstd.reshape(stat_shape(x)), wa, bias, mask)
-    return tuple(None if g is None or not need else g.to(x.dtype) for g, need in zip(grads, needs))
+    return tuple(None if g is None or not need else g if g.dtype == x.dtype else g.to(x.dtype)
+                 for g, need in zip(grads, needs))
