@@ -111,3 +111,27 @@ def test_compile_only_runs_use_no_disk(cache):
     with _compile.compiling_only():
         cute_copy.copy(x, torch.empty_like(x))
     assert not cache.exists()
+
+
+def test_a_kept_kernel_the_dsl_passes_arguments_to_otherwise_is_compiled_again(cache, monkeypatch):
+    """A loaded kernel goes through the same byte-for-byte check of its arguments as a compiled one;
+    one that fails it (here a stand-in with no marshalling at all) is replaced by a fresh compile."""
+    from kcourse.blas.cute import copy as cute_copy
+
+    asked = []
+    real = _compile.compile_only
+    monkeypatch.setattr(_compile, "compile_only",
+                        lambda f, key, *args: asked.append((f, key, args)) or real(f, key, *args))
+    x = torch.zeros(37, 41)
+    with _compile.compiling_only():
+        cute_copy.copy(x, torch.empty_like(x))
+    factory, key, args = asked[0]
+    monkeypatch.setattr(_compile, "_compile_only", False)  # as on a GPU: the disk is asked first
+    monkeypatch.setattr(_compile, "target", lambda: "sm_90a")
+    monkeypatch.setattr(_disk, "load", lambda prefix: object())
+    kept = []
+    monkeypatch.setattr(_disk, "keep", lambda compiled, prefix: kept.append(prefix))
+    with pytest.warns(UserWarning, match="takes its arguments otherwise"):
+        kernel = _compile.Kernel(factory, key, args)
+    assert type(kernel.compiled).__name__ != "object" and len(kept) == 1  # compiled, then kept
+    kernel.check(args)

@@ -75,6 +75,7 @@ import operator
 import struct
 import threading
 import time
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -413,18 +414,6 @@ class Kernel:
                        for p in params if p.kind is not p.VAR_POSITIONAL]  # positions past these: *args
         self._slots = [_slot(arg, annotations[i] if i < len(annotations) else None) for i, arg in enumerate(args)]
         self._c_values = [slot.c_value for slot in self._slots]  # argument -> what its slot holds
-        compile_args = [slot.compile_value(arg) for slot, arg in zip(self._slots, args)]
-        start = time.perf_counter()
-        # on a GPU, a kernel an earlier process compiled is loaded from disk (``_disk``)
-        kept = None if _compile_only else _disk.name(factory, key, self._slots, target())
-        self.compiled = _disk.load(kept) if kept else None
-        if self.compiled is not None:
-            LOAD_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
-        else:
-            self.compiled = cute.compile(host, *compile_args, options=f"--gpu-arch {target()}")
-            COMPILE_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
-            if kept:
-                _disk.keep(self.compiled, kept)
 
         # The block: slot i is bytes [8i, 8i + 8); the C function gets the addresses of the slots
         # of the arguments that are not None.
@@ -441,7 +430,26 @@ class Kernel:
         # One call at a time fills the block and launches from it: the C call releases the GIL, and
         # another thread must not rewrite the block while the host function reads it.
         self._lock = threading.Lock()
+
+        start = time.perf_counter()
+        # on a GPU, a kernel an earlier process compiled is loaded from disk (``_disk``), if the DSL
+        # passes it the arguments as it did when it was compiled
+        kept = None if _compile_only else _disk.name(factory, key, self._slots, target())
+        self.compiled = _disk.load(kept) if kept else None
+        if self.compiled is not None:
+            try:
+                self._check_marshalling(args)
+                LOAD_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
+                return
+            except Exception as e:  # noqa: BLE001 - compiled afresh below, and checked again
+                warnings.warn(f"kcourse: the kept cute kernel {self.name} takes its arguments otherwise "
+                              f"({type(e).__name__}: {e}); compiling it", stacklevel=2)
+        compile_args = [slot.compile_value(arg) for slot, arg in zip(self._slots, args)]
+        self.compiled = cute.compile(host, *compile_args, options=f"--gpu-arch {target()}")
+        COMPILE_SECONDS[(factory.__name__, key, target())] = time.perf_counter() - start
         self._check_marshalling(args)
+        if kept:
+            _disk.keep(self.compiled, kept)
 
     def __call__(self, *args) -> None:
         """Launch on ``args`` (the same kinds of arguments, in the same places, as at compile time)."""
