@@ -6,7 +6,9 @@
 Tiny operands, so a call's time is the host's (Python, validation, dispatch, the launch), not the
 GPU's: ``--calls`` calls in a row after a warm-up, then one synchronization; the median of
 ``--rounds`` rounds, in microseconds per call. "fwd" calls the op without gradients; "fwd+bwd"
-calls it on inputs that require grad and runs the backward. Writes DIR/host.json.
+calls it on inputs that require grad and runs the backward from a gradient of ones made once
+(``torch.autograd.backward(y, dy)``: no extra op in the timed call; rows before 2026-11-28 ran
+``y.float().sum().backward()``, two ops more). Writes DIR/host.json.
 """
 from __future__ import annotations
 
@@ -83,10 +85,12 @@ def main() -> None:
             if grad:
                 inputs = tuple(x.requires_grad_() if x.is_floating_point() else x for x in inputs)
 
-            def run(f, inputs=inputs, grad=grad):
+            dy = torch.ones_like(theirs(*inputs)) if grad else None  # the output's gradient, made once
+
+            def run(f, dy=dy):
                 y = f()
-                if grad:
-                    y.float().sum().backward()
+                if dy is not None:
+                    torch.autograd.backward(y, dy)
             base = per_call(lambda: run(lambda: theirs(*inputs)), args.calls, args.rounds, args.device)
             for b in args.backends.split(","):
                 if not available[b].available:
