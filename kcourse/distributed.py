@@ -90,8 +90,9 @@ def same_on_every_rank(what: str, value) -> None:
 
 def wrap(model: nn.Module, group: Group, device: torch.device, amp: bool = False) -> nn.Module:
     """``model`` ready to train in ``group.mode``: as is for one process; ``DistributedDataParallel``
-    for ``ddp`` (each gradient a view of its all-reduce bucket: no copy into the bucket and back); for ``fsdp``, ``fully_shard`` on every ``Block`` and then on the root, in place,
-    with bfloat16 parameters for compute and float32 gradient reduction when ``amp``. Every rank
+    for ``ddp`` (each gradient a view of its all-reduce bucket: no copy into the bucket and back);
+    for ``fsdp``, ``fully_shard`` on every ``Block`` and then on the root, in place, with bfloat16
+    parameters for compute and float32 gradient reduction when ``amp``. Every rank
     must have built the same model (the same seed): FSDP shards it as it is, without a broadcast."""
     if group.mode is None:
         return model

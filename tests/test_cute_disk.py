@@ -103,14 +103,17 @@ def test_a_failing_write_warns_once_and_keeps_nothing(cache):
     assert not cache.exists() or os.listdir(cache) == []
 
 
-def test_compile_only_runs_use_no_disk(cache):
+def test_compile_only_runs_use_no_disk(cache, monkeypatch):
     """CI's compile-only kernels are neither written nor read."""
     from kcourse.blas.cute import copy as cute_copy
 
+    monkeypatch.setattr(_compile, "_kernels", {})  # so the kernel is made here, not found in memory
+    asked = []
+    monkeypatch.setattr(_disk, "name", lambda *a: asked.append(a) or "kcourse_x")
     x = torch.zeros(37, 41)
     with _compile.compiling_only():
         cute_copy.copy(x, torch.empty_like(x))
-    assert not cache.exists()
+    assert len(_compile._kernels) == 1 and not asked and not cache.exists()
 
 
 def test_a_kept_kernel_the_dsl_passes_arguments_to_otherwise_is_compiled_again(cache, monkeypatch):

@@ -97,7 +97,8 @@ EVERY_OP = textwrap.dedent("""
         return torch.randn(*shape, generator=g).to(dtype).requires_grad_(grad)
 
     def backward(*outs):
-        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+        outs = [o for o in outs if o.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
     archs = {"gpt2": dict(activation="gelu_tanh"),
              "llama": dict(activation="swiglu", norm="rmsnorm", pos="rope", bias=False, n_kv_head=1,

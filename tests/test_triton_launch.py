@@ -31,7 +31,8 @@ def triton_key(a):
     return native_specialize_impl(BaseBackend, a, False, True, True)
 
 
-@pytest.mark.parametrize("values", [INTS, TENSORS, DESCRIPTORS, OTHERS], ids=["ints", "tensors", "descriptors", "others"])
+@pytest.mark.parametrize("values", [INTS, TENSORS, DESCRIPTORS, OTHERS],
+                         ids=["ints", "tensors", "descriptors", "others"])
 def test_same_specialization_means_same_triton_key(values):
     """Equal ``_specialization`` implies Triton's key is equal (ours may be finer, never coarser)."""
     for a, b in itertools.combinations_with_replacement(values, 2):

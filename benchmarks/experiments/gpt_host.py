@@ -60,7 +60,8 @@ def main():
     profiler.disable()
     profiled_ms = (time.perf_counter() - start) / args.steps * 1e3
     text = io.StringIO()
-    text.write(f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'} {args.backend} {args.arch}: {plain_ms:.2f} ms/step "
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    text.write(f"{device} {args.backend} {args.arch}: {plain_ms:.2f} ms/step "
                f"({profiled_ms:.2f} under cProfile), {args.steps} steps; per-step times below are x{args.steps}\n")
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(40)

@@ -138,17 +138,13 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     hold its key arguments and the dtypes of the tensor arguments (or more); ``grid(meta)`` maps the
     launch's keyword arguments (the config's among them) to the grid."""
     if _compile_only[0]:  # its first config (the autotuner would time them on a GPU)
-        config = kernel.configs[0]
-        meta = {**kwargs, **config.all_kwargs()}
-        if config.pre_hook is not None:
-            config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
-        launch(kernel.fn, grid(meta), *args, **meta)
-        return
-    picked = _PICKED.get((kernel, key))
-    if picked is None:
-        kernel[grid](*args, **kwargs)
-        _PICKED[(kernel, key)] = kernel.best_config, kernel.best_config.all_kwargs()
-        return
+        picked = kernel.configs[0], kernel.configs[0].all_kwargs()
+    else:
+        picked = _PICKED.get((kernel, key))
+        if picked is None:
+            kernel[grid](*args, **kwargs)
+            _PICKED[(kernel, key)] = kernel.best_config, kernel.best_config.all_kwargs()
+            return
     config, tuned = picked
     meta = {**kwargs, **tuned}
     if config.pre_hook is not None:
