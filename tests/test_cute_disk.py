@@ -138,3 +138,58 @@ def test_a_kept_kernel_the_dsl_passes_arguments_to_otherwise_is_compiled_again(c
         kernel = _compile.Kernel(factory, key, args)
     assert type(kernel.compiled).__name__ != "object" and len(kept) == 1  # compiled, then kept
     kernel.check(args)
+
+
+class Unlaunched:
+    """Stands in for a compiled Kernel: the test needs only what was asked for."""
+
+    def check(self, args):
+        pass
+
+
+def test_every_kernel_is_named_apart(monkeypatch):
+    # Two kernels that compile differently never share a file: ops that differ only in their math (gelu
+    # exact or tanh, swiglu's backward variants) or in a tuning plan get names of their own, and none
+    # of the kernels a training step uses goes unnamed (which would compile it in every process).
+    from kcourse.blas.cute import attention, gelu, layer_norm, linear_cross_entropy, softmax, swiglu
+    from kcourse.blas.cute.gemm import gemm
+
+    asked = []
+    monkeypatch.setattr(_compile, "compile_only", lambda factory, key, *args: asked.append((factory, key)) or
+                        Unlaunched())
+    x, dy = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    w, b = torch.ones(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+    with _compile.compiling_only():
+        for mode in ("none", "tanh"):
+            gelu.gelu_backward(dy, gelu.gelu(x, mode)[1], (True,), mode)
+        for needs in ((True, True), (True, False), (False, True)):
+            swiglu.swiglu_backward(dy, swiglu.swiglu(x, x)[1], needs)
+        out, cache = layer_norm.layer_norm(x, w, b, 1e-5)
+        layer_norm.layer_norm_backward(dy, cache, (True, True, True), 1e-5)
+        softmax.softmax(x, 1)
+        gemm(x, x.T, None, 1.0, 0.0, torch.zeros(8, 8, dtype=torch.bfloat16))
+        q = torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)
+        attention.attention(q, q, q, True, 0.125)
+        linear_cross_entropy.linear_cross_entropy(x, torch.zeros(96, 64, dtype=torch.bfloat16),
+                                                  torch.zeros(8, dtype=torch.long), None, -100, "mean", True, False)
+    slots = [_compile._slot(0, None)]
+    names = {}
+    for factory, key in asked:
+        name = _disk.name(factory, key, slots, "sm_90a")
+        assert name is not None, (factory, key)
+        names.setdefault(name, []).append((factory, key))
+    for name, same in names.items():  # one kernel asked for again is fine; two different ones are not
+        first = same[0]
+        assert all(f is first[0] and k == first[1] for f, k in same), same
+    assert len(names) >= 14, names
+
+
+def test_identity_refuses_what_it_cannot_name():
+    def local():
+        pass
+
+    for value in (local, lambda: 0, object(), (1, local)):
+        with pytest.raises(_disk.Unnamed):
+            _disk.identity(value)
+    assert _disk.identity((torch.float16, 3, "a", None)) == _disk.identity((torch.float16, 3, "a", None))
+    assert _disk.identity((torch.float16,)) != _disk.identity((torch.bfloat16,))

@@ -8,7 +8,8 @@ code and cubin) and the next process that needs the same kernel loads it
 
 - Where: ``$KCOURSE_CACHE_DIR/cute`` (``KCOURSE_CACHE_DIR=0``: nothing kept), else
   ``$XDG_CACHE_HOME/kcourse/cute`` or ``~/.cache/kcourse/cute``.
-- What a file is keyed by (``name``): the factory, its key, the kinds of the arguments it was
+- What a file is keyed by (``name``): the factory, its key (each named faithfully, ``identity``;
+  a kernel whose factory or key cannot be is compiled in every process), the kinds of the arguments it was
   compiled for, the target GPU, the CuTe DSL's version and ``CUTE_DSL_*`` settings, and the source
   of every module of ``kcourse.blas``. Any edit to kcourse's kernels or their host code makes the old files
   unreachable: stale files are never used.
@@ -19,12 +20,17 @@ code and cubin) and the next process that needs the same kernel loads it
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import hashlib
+import inspect
 import os
 import tempfile
 import warnings
 from pathlib import Path
+
+import torch
 
 
 def directory() -> Path | None:
@@ -59,15 +65,44 @@ def _kind(slot) -> tuple:
 
 
 def name(factory, key: tuple, slots: list, target: str) -> str | None:
-    """The file name of a kernel (and its symbols' prefix in the object file), or None for a factory
-    that is not a module-level function or class (a closure's qualified name does not say what it
-    captured: not kept). A key holding an object without a stable repr gives a name no other process
-    finds: a miss, never a wrong hit."""
-    qualname = getattr(factory, "__qualname__", "<locals>")
-    if "<locals>" in qualname:
+    """The file name of a kernel (and its symbols' prefix in the object file), or None where the
+    factory or its key cannot be named faithfully (``identity``): such a kernel is not kept."""
+    try:
+        text = repr((identity(factory), identity(key), [_kind(s) for s in slots], target, _sources()))
+    except Unnamed:
         return None
-    text = repr(((factory.__module__, qualname), key, [_kind(s) for s in slots], target, _sources()))
     return "kcourse_" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+class Unnamed(Exception):
+    """A value with no faithful name (a closure, a lambda, an object without an ``identity``)."""
+
+
+def identity(value) -> str:
+    """A text that names ``value`` faithfully within one version of kcourse's sources (which the
+    file name includes): two values that compile differently never share it. ``repr`` is not that: a
+    dataclass may leave fields out of it, and a closure's qualified name does not say what it
+    captured. Numbers, strings, dtypes, enums; module-level functions and classes by their qualified
+    names; tuples, named tuples, lists and dataclasses field by field; an object that names itself
+    (``disk_identity``); anything else raises ``Unnamed``."""
+    if value is None or type(value) in (bool, int, float, str, torch.dtype) or isinstance(value, enum.Enum):
+        return repr(value)
+    if type(value) in (tuple, list):
+        return "(" + ", ".join(identity(v) for v in value) + ",)"
+    own = getattr(value, "disk_identity", None)
+    if isinstance(own, str):
+        return f"{type(value).__module__}.{type(value).__qualname__}:{own}"
+    if isinstance(value, type) or inspect.isfunction(value) or inspect.isbuiltin(value):
+        qualname = getattr(value, "__qualname__", "<locals>")
+        if "<locals>" in qualname or "<lambda>" in qualname:
+            raise Unnamed(qualname)
+        return f"{value.__module__}.{qualname}"
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # a named tuple
+        return f"{identity(type(value))}{identity(tuple(value))}"
+    if dataclasses.is_dataclass(value):
+        fields = ", ".join(f"{f.name}={identity(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{identity(type(value))}({fields})"
+    raise Unnamed(type(value).__qualname__)
 
 
 def load(prefix: str):

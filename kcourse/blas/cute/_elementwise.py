@@ -61,6 +61,7 @@ and each result rounded once to the tensor dtype; ``copy`` and ``swap`` move bit
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -90,6 +91,19 @@ class Elementwise:
     math: Callable = field(repr=False)
     float32: bool  # True: math on float32, each result rounded once; False: values move bit for bit
     scalars: int = 0  # Float32 scalars, passed after the tensors
+
+    def __post_init__(self):
+        # What names the op's compiled kernels on disk (``_disk.identity``; ``math`` is usually a
+        # closure, which has no faithful name): for an op made by a module's top-level code, that module
+        # and how many it had made before, fixed by its source. Made elsewhere: none, not kept.
+        caller = sys._getframe(2)  # (the dataclass's __init__ is frame 1)
+        if caller.f_code.co_name == "<module>":
+            module = caller.f_globals.get("__name__", "?")
+            made = _MADE[module] = _MADE.get(module, -1) + 1
+            object.__setattr__(self, "disk_identity", f"{module}#{made}")
+
+
+_MADE: dict[str, int] = {}  # module -> Elementwise ops it made so far
 
 
 def vector_width(tensors: tuple[torch.Tensor, ...], shape: tuple[int, ...],
