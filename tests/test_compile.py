@@ -216,7 +216,8 @@ def test_kv_cache_decode_step_compiles_whole():
     (``copy_`` into buffers made by the eager prefill), whose aliasing check reads addresses only
     eagerly."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16), backend="pytorch").to(DEVICE).eval()
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16), backend="pytorch")
+    model = model.to(DEVICE).eval()
     prompt = torch.randint(0, 32, (2, 4), device=DEVICE)
 
     def step(tok, cache):
