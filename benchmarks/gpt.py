@@ -395,7 +395,8 @@ def main(argv=None) -> dict:
 def cold_start(args, models: list[str]) -> dict:
     """Each model's first eager step (its model built, one AdamW step, synchronized) in a new Python
     process, as a user's next run meets it: the kernels compiled and the autotuning picks made by
-    this run are on disk (Triton's cache; the CuTe DSL keeps none), nothing is in memory."""
+    this run are on disk (Triton's cache and its autotuning picks; kcourse's cute kernels,
+    ``kcourse.blas.cute._disk``), nothing is in memory."""
     import subprocess
     import sys
     import tempfile

@@ -33,6 +33,10 @@ above it:
                                            ``gpt_decode``, direction ``decode``, ms a decode step): ``eager``,
                                            ``static``, ... (benchmarks/decode.py); ``peers`` for kcourse against
                                            the libraries a user would pick instead (benchmarks/peers.py)
+                                           ``cold start``: the first eager step of a new process, with the
+                                           compiled kernels and tuning picks of an earlier one on disk
+                                           (``first_step_s``; ``process_s`` the whole process; benchmarks/gpt.py
+                                           --cold-start)
     gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
                                            GPU over the model's 1-GPU run, peak memory per GPU
 
@@ -158,6 +162,13 @@ def rows_from_variants(results: dict) -> list[dict]:
             peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
             mfu=_round(run.get("mfu")), device=meta["device"], date=meta["date_utc"],
             versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
+    for model, run in results.get("cold_start", {}).items():  # --cold-start: the first step of a new process
+        if "first_step_s" in run:
+            rows.append(_clean(dict(
+                op="gpt_train", backend=model, shape=shape, dtype=meta["dtype"], direction="train",
+                mode="cold start", first_step_s=_round(run["first_step_s"]), process_s=_round(run.get("process_s")),
+                role="baseline" if model == "torch.nn" else None, device=meta["device"], date=meta["date_utc"],
+                versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
     return rows
 
 
@@ -421,8 +432,15 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             "model | backend | mode | dtype | ms / step> | tokens/s> | vs its torch.nn baseline> | date",
             lambda r: (r["shape"], r["backend"], r.get("mode", "-"), r["dtype"], f"{r['ms']:.2f}", f"{r['rate']:,.0f}",
                        ratio(r), r["date"][:10]),
-            sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r),
+            sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r and "ms" in r),
                    key=lambda r: (r["shape"], r.get("mode", ""), _order(r))))
+    section("First training step of a new process (`benchmarks/gpt.py --cold-start`)",
+            "Compiled kernels and tuning picks of an earlier process on disk; target <= 5 s.",
+            "model | backend | dtype | first step s> | whole process s> | date",
+            lambda r: (r["shape"], r["backend"], r["dtype"], f"{r['first_step_s']:.2f}",
+                       number(r.get("process_s"), ".1f"), r["date"][:10]),
+            sorted((r for r in rows if r["op"] == "gpt_train" and r.get("mode") == "cold start"),
+                   key=lambda r: (r["shape"], _order(r))))
     section("GPT training over GPUs (`benchmarks/scaling.py`)",
             "Batch per GPU fixed. Efficiency: tokens/s per GPU over the same model's on 1 GPU (target >= 0.90 "
             "with DDP); FSDP2's peak memory per GPU should be below DDP's.",
