@@ -285,6 +285,7 @@ def test_triton_launch_reuses_pick(tma, monkeypatch):
     elif not A.tma_device(torch.empty(0, device=DEVICE)):
         pytest.skip("the TMA kernels run on Hopper GPUs (or the interpreter)")
     monkeypatch.setattr(_launch, "_PICKED", {})
+    monkeypatch.setattr(_launch, "KEEP_PICKS", False)  # (on a GPU, a pick on disk would skip even the first)
     forward = A.attention_fwd_tma_kernel if tma else A.attention_fwd_kernel
     autotuned, run = [], forward.run
 

@@ -70,3 +70,37 @@ def test_gemm_descriptors_copied_from_a_template_equal_triton_s():
     _gemm_tma._descriptor(torch.zeros(1, 64, 128, dtype=torch.bfloat16), True)  # (its template)
     with pytest.raises(AssertionError, match="aligned"):
         _gemm_tma._descriptor(odd, True)
+
+
+def test_an_autotuning_pick_is_kept_for_the_next_process(monkeypatch, tmp_path):
+    # the first call times the configs and keeps the pick in Triton's cache directory; a new process
+    # (here: the in-memory picks and the autotuner's own cache emptied) reads it and runs no autotuner
+    from kcourse.blas.triton import _launch
+    from kcourse.blas.triton.gemv import gemv, gemv_kernel
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_launch, "KEEP_PICKS", True)
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(_launch, "_device_signature", lambda: "the interpreter")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tuned = []
+    real_run = gemv_kernel.run
+    monkeypatch.setattr(gemv_kernel, "run", lambda *a, **k: tuned.append(1) or real_run(*a, **k))
+    A, x = torch.randn(37, 20, device=device), torch.randn(20, device=device)
+
+    def new_process():
+        monkeypatch.setattr(_launch, "_PICKED", {})
+        monkeypatch.setattr(gemv_kernel, "cache", {})
+        out = torch.empty(37, device=device)
+        gemv(A, x, None, 1.0, 0.0, out)
+        torch.testing.assert_close(out, A @ x, rtol=1e-5, atol=1e-5)
+        return out
+
+    new_process()
+    assert len(tuned) == 1 and list(tmp_path.rglob("*.kcourse-pick.json"))
+    new_process()
+    assert len(tuned) == 1  # the kept pick, not the autotuner
+    (path,) = tmp_path.rglob("*.kcourse-pick.json")
+    path.write_text('{"index": 0, "config": "another list of configs"}')  # not what it names now: tune again
+    new_process()
+    assert len(tuned) == 2

@@ -59,7 +59,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
-from ._launch import INTERPRET, autotune, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
+from ._launch import INTERPRET, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 from ._pointwise import activate
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
@@ -303,7 +303,7 @@ def _restore_out(nargs, exception):
 
 def autotuned(configs):
     """``gemm_tma_kernel`` autotuned over ``configs``."""
-    return autotune(configs=configs, key=["M", "N", "K", "Z", "k_split", "A_KMAJOR", "B_KMAJOR", "SPLIT"],
+    return triton.autotune(configs=configs, key=["M", "N", "K", "Z", "k_split", "A_KMAJOR", "B_KMAJOR", "SPLIT"],
                            prune_configs_by={"early_config_prune": tiles_that_fit},
                            pre_hook=_keep_out, post_hook=_restore_out, do_bench=_time_or_skip)(gemm_tma_kernel)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import inspect
+import json
 
 import torch
 import triton
@@ -113,24 +115,15 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
            num_warps=NUM_WARPS)
 
 
-def autotune(**kwargs):
-    """``triton.autotune`` whose picks persist on disk (``cache_results``): a second process, or a
-    second torchrun rank, reads the pick instead of timing every config again. The picks live in
-    Triton's own cache directory beside its compiled kernels (``~/.triton/cache``, or
-    ``TRITON_CACHE_DIR``), keyed by the kernel's source, the configs, the key arguments and the
-    GPU; entries are written atomically, so processes filling it at once do not clash."""
-    if "cache_results" in inspect.signature(triton.autotune).parameters:
-        kwargs.setdefault("cache_results", True)
-    return triton.autotune(**kwargs)
-
-
 _PICKED: dict = {}  # (autotuned kernel, caller's key) -> (config its autotuner picked, the config's arguments)
+KEEP_PICKS = not INTERPRET  # picks are kept on disk on a GPU (the interpreter's timings mean nothing)
 
 
 def launch_tuned(kernel, grid, key, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)`` for an autotuned ``kernel``: through its autotuner the first
-    time ``key`` is seen, then through ``launch`` with the config the autotuner picked then (running
-    the config's pre_hook as the autotuner would).
+    time ``key`` is seen (unless an earlier process's pick is on disk, ``_stored_pick``), then
+    through ``launch`` with the config picked then (running the config's pre_hook as the autotuner
+    would).
 
     The autotuner's dispatch (its key rebuilt from the arguments, dicts of every argument merged for
     the pre_hook and the launch) is host time on every call, and a short kernel does not hide host
@@ -142,14 +135,72 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     else:
         picked = _PICKED.get((kernel, key))
         if picked is None:
-            kernel[grid](*args, **kwargs)
-            _PICKED[(kernel, key)] = kernel.best_config, kernel.best_config.all_kwargs()
-            return
+            config = _stored_pick(kernel, key)
+            if config is None:
+                kernel[grid](*args, **kwargs)
+                config = kernel.best_config
+                _store_pick(kernel, key, config)
+                _PICKED[(kernel, key)] = config, config.all_kwargs()
+                return
+            picked = _PICKED[(kernel, key)] = config, config.all_kwargs()
     config, tuned = picked
     meta = {**kwargs, **tuned}
     if config.pre_hook is not None:
         config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
     launch(kernel.fn, grid(meta) if callable(grid) else grid, *args, **meta)
+
+
+# ----------------------------------------------------------------------------- picks kept on disk
+# Triton's own ``autotune(cache_results=True)`` keeps no pick of a config with a pre_hook (it cannot
+# serialize the hook), and the TMA gemm's and attention's configs all have one (it sets the
+# descriptors' block shapes): each new process timed every config again, ~10 s before a GPT-2 step.
+# Here the pick is kept as its position in the autotuner's list of configs, beside Triton's compiled
+# kernels in its cache directory (``~/.triton/cache`` or ``TRITON_CACHE_DIR``, written atomically by
+# Triton's cache manager, so torchrun's ranks may fill it at once).
+
+def _device_signature() -> str:
+    device = torch.cuda.current_device()
+    return f"{torch.cuda.get_device_name(device)} sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+
+
+def _pick_place(kernel, key):
+    """``(Triton's cache manager, file name)`` of ``kernel``'s pick at ``key``, keyed by the kernel's
+    source (Triton's own hash of it and what it calls), its configs, ``key``, the GPU and Triton's
+    version and settings; None where picks are not kept."""
+    if not KEEP_PICKS:
+        return None
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.runtime.cache import get_cache_manager, triton_key
+
+    fn = kernel.fn
+    while not hasattr(fn, "cache_key") and hasattr(fn, "fn"):  # through heuristics to the jitted function
+        fn = fn.fn
+    source = fn.cache_key if hasattr(fn, "cache_key") else inspect.getsource(fn)  # (the interpreter's: its source)
+    text = repr((triton_key(), source, sorted(get_cache_invalidating_env_vars().items()),
+                 [str(c) for c in kernel.configs], key, _device_signature()))
+    return get_cache_manager(hashlib.sha256(text.encode()).hexdigest()), f"{fn.__name__[:150]}.kcourse-pick.json"
+
+
+def _stored_pick(kernel, key):
+    """The config an earlier process picked for ``kernel`` at ``key``, or None."""
+    place = _pick_place(kernel, key)
+    path = place and place[0].get_file(place[1])
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+        config = kernel.configs[stored["index"]]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):  # a damaged file: tune again
+        return None
+    return config if str(config) == stored["config"] else None
+
+
+def _store_pick(kernel, key, config) -> None:
+    place = _pick_place(kernel, key)
+    if place is not None and config in kernel.configs:
+        place[0].put(json.dumps({"index": kernel.configs.index(config), "config": str(config)}), place[1],
+                     binary=False)
 
 
 # (id of a jitted function, device, the arguments' specialization, keywords) -> (it, its compiled kernel)

@@ -73,7 +73,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._layout import tma_strides
-from ._launch import INTERPRET, autotune, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
+from ._launch import INTERPRET, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
 MAX_HEAD_DIM = 128
@@ -148,7 +148,7 @@ def _autotune(table, key=()):
         return tiles_that_fit(table[64 if kwargs["BLOCK_D"] <= 64 else 128], args, **kwargs)
 
     union = table[64] + [c for c in table[128] if c not in table[64]]
-    return autotune(configs=union, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION", *key],
+    return triton.autotune(configs=union, key=["Tq", "Tk", "HEAD_DIM", "CAUSAL", "PRECISION", *key],
                            prune_configs_by={"early_config_prune": prune})
 
 

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_layout, tma_plan
-from ._launch import INTERPRET, autotune, cdiv, launch_tuned
+from ._launch import INTERPRET, cdiv, launch_tuned
 from ._pointwise import activate
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
@@ -69,7 +69,7 @@ def configs_that_fit(configs, args, **kwargs):
     return [c for c in fit if need(c) <= smem] or [min(configs, key=need)]
 
 
-@autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
+@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"], restore_value=["out_ptr"],
                  prune_configs_by={"early_config_prune": configs_that_fit})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, autotune, block_indices, cdiv, launch_tuned
+from ._launch import INTERPRET, block_indices, cdiv, launch_tuned
 
 if INTERPRET:  # one small config: the interpreter would take minutes to autotune
     CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4)]
@@ -22,7 +22,7 @@ else:
                for bm, bn, w in [(8, 512, 4), (16, 256, 4), (32, 256, 8), (64, 128, 8), (128, 64, 4)]]
 
 
-@autotune(configs=CONFIGS, key=["M", "N", "stride_am", "stride_an"], restore_value=["out_ptr"])
+@triton.autotune(configs=CONFIGS, key=["M", "N", "stride_am", "stride_an"], restore_value=["out_ptr"])
 @triton.jit
 def gemv_kernel(A_ptr, x_ptr, y_ptr, out_ptr, M, N, stride_am, stride_an, stride_x, stride_y, stride_out,
                 alpha, beta, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
