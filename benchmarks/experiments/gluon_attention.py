@@ -13,8 +13,8 @@ backend's ``tl`` kernel at T = 1k ... 16k. Without a GPU (``--compile-only``) ea
 for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3.6 and 3.9 alike.
 
 Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
-forward at D = 128, bf16, T = 1k-16k: 0.36-0.68 of SDPA's speed (overlapped 0.47-0.71), where the
-``tl`` kernel gives 0.54-0.79: one partition cannot overlap the loads and the softmax with the
+forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71), where the
+``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with the
 products. Next: a producer warp and two consumer warpgroups (``gl.warp_specialize``).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
