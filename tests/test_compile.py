@@ -243,8 +243,8 @@ def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
     require_backend(name)
     if DEVICE != "cuda":
         pytest.skip("CUDA graphs need CUDA")
-    from kcourse.blas import _library, _rope
-    monkeypatch.setattr(_library, "_ONES", {})
+    from kcourse.blas import _cache, _rope
+    monkeypatch.setattr(_cache, "_ONES", {})
     monkeypatch.setattr(_rope, "_TURNS", {})
     if name == "cute":
         from kcourse.blas.cute import _compile

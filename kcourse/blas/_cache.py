@@ -1,5 +1,5 @@
 """When a tensor made inside an op may be kept for later calls (the host-side caches of constant
-tables and scratch memory: ``_library._ones``, ``_rope.turns``, cute's ``workspace`` and attention
+tables and scratch memory: ``ones``, ``_rope.turns``, cute's ``workspace`` and attention
 schedules)."""
 from __future__ import annotations
 
@@ -24,3 +24,23 @@ def keepable(device: torch.device) -> bool:
     manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
                                 create_if_none_exists=False)
     return manager is None or not manager.in_warmup
+
+
+_ONES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def ones(n: int, like: torch.Tensor) -> torch.Tensor:
+    """``n`` ones in ``like``'s dtype and device (a row-sum's vector for gemv): a stride-0 view of one
+    cached element, no allocation or fill kernel per call. One made while a CUDA graph is being
+    captured or warmed up is not cached (``keepable``), and while torch.compile traces (``like`` is
+    then a fake or functional tensor, not a ``torch.Tensor`` itself) the cache is neither read nor
+    written: the graph makes its own."""
+    if type(like) is not torch.Tensor or torch.compiler.is_compiling():
+        return torch.ones(1, dtype=like.dtype, device=like.device).expand(n)
+    key = (like.dtype, like.device)
+    one = _ONES.get(key)
+    if one is None:
+        one = torch.ones(1, dtype=like.dtype, device=like.device)
+        if keepable(one.device):
+            _ONES[key] = one
+    return one.expand(n)

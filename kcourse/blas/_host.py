@@ -31,6 +31,7 @@ import functools
 
 import torch
 
+from . import _cache
 from ._layout import rows_of
 from ._rope import turns
 
@@ -302,7 +303,7 @@ def _projection_grads(gemm, gemv, dzs, rows, weights, needs, x_shape):
         if need_b:
             dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
             if M and N:
-                gemv(dz.mT, dz.new_ones(M), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
+                gemv(dz.mT, _cache.ones(M, dz), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
         dweights.append(dweight)
         dbiases.append(dbias)
     return (dx, *dweights, *dbiases)
@@ -451,10 +452,10 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
         V = weight.shape[0]
         step = chunk_rows(N, V) if chunked else max(N, 1)
         buffer = x.new_empty(min(step, N), V)  # one chunk's logits (and, in place, its dlogits)
-        one = x.new_ones(())
+        one = _cache.ones(1, x)[0]  # (0-d: a sum's dout of 1)
         if grads is not None:
             dx, *sums = grads
-            ones = x.new_ones(step) if sums[1] is not None else None
+            ones = _cache.ones(step, x) if sums[1] is not None else None
             if N == 0:  # no chunk runs: the sums are zeros
                 for g in sums:
                     g is None or g.zero_()

@@ -419,8 +419,6 @@ _define("gemm_(Tensor A, Tensor B, Tensor(a!) C, float alpha, float beta, str ba
 #   - a fill of ones per bias gradient: ``_sum_to``'s ones are one cached element, broadcast;
 #   - host synchronizations: none, so a whole step can be captured in a CUDA graph.
 
-_ONES: dict[tuple[torch.dtype, torch.device], Tensor] = {}
-
 
 def _scaled(grad: Tensor, a: float, backend: str) -> Tensor:
     return grad if a == 1 else call("scal", grad, a, backend)
@@ -438,22 +436,6 @@ def _product(X: Tensor, Y: Tensor, a: float, backend: str, like: Tensor) -> Tens
     return call("gemm", X, Y, None, a, 0.0, backend)
 
 
-def _ones(n: int, like: Tensor) -> Tensor:
-    """``n`` ones: a stride-0 view of one cached element. One made while a CUDA graph is being
-    captured or warmed up is not cached (``_cache.keepable``), and while torch.compile
-    traces (``like`` is then a fake or functional tensor, not a ``torch.Tensor`` itself) the
-    cache is neither read nor written: the graph makes its own."""
-    if type(like) is not Tensor or torch.compiler.is_compiling():
-        return torch.ones(1, dtype=like.dtype, device=like.device).expand(n)
-    key = (like.dtype, like.device)
-    one = _ONES.get(key)
-    if one is None:
-        one = torch.ones(1, dtype=like.dtype, device=like.device)
-        if _cache.keepable(one.device):
-            _ONES[key] = one
-    return one.expand(n)
-
-
 def _sum_to(grad: Tensor, shape, backend: str) -> Tensor:
     """Sum ``grad`` over the dimensions that broadcasting expanded from ``shape``: one gemv."""
     if grad.shape == shape:
@@ -464,7 +446,7 @@ def _sum_to(grad: Tensor, shape, backend: str) -> Tensor:
     kept = [d for d in range(grad.dim()) if d not in reduced]
     R, K = math.prod(grad.shape[d] for d in reduced), math.prod(grad.shape[d] for d in kept)
     rows = grad.permute(*reduced, *kept).reshape(R, K)  # (R, K)
-    return call("gemv", rows.mT, _ones(R, grad), None, 1.0, 0.0, backend).reshape(shape)  # (K, R) @ (R,)
+    return call("gemv", rows.mT, _cache.ones(R, grad), None, 1.0, 0.0, backend).reshape(shape)  # (K, R) @ (R,)
 
 
 def _register(name: str, setup: Callable, backward: Callable) -> None:
