@@ -15,7 +15,9 @@ for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3
 Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
 forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71), where the
 ``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with the
-products. Next: a producer warp and two consumer warpgroups (``gl.warp_specialize``).
+products. Since then (not yet run): the mask only on the tiles that need it (``_softmax_tile``), and
+64-key tiles, two CTAs per SM (``FORWARDS``). Next: a producer warp and two consumer warpgroups
+(``gl.warp_specialize``).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
     m' = max(m, rowmax S)    P = exp2(S - m')    l' = l exp2(m - m') + rowsum P    O' = O exp2(m - m') + P V
@@ -86,21 +88,39 @@ def _issue_scores(q, s_zero, k_desc, v_desc, kv_bars, k_smem, v_smem, b, hk, t, 
 
 
 @gluon.jit
-def _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL: gl.constexpr, dtype: gl.constexpr,
-                  p_layout: gl.constexpr):
+def _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                  dtype: gl.constexpr, p_layout: gl.constexpr):
     """One tile of the online softmax: ``(P in the PV product's operand layout and dtype, alpha, m', l')``
-    for the scores ``s_acc`` of keys tile * BLOCK_N ... (masked past Tk and, causal, past each row)."""
+    for the scores ``s_acc`` of keys tile * BLOCK_N ... (``MASKED``: hidden past Tk and, causal, past
+    each row; else every key of the tile is visible to every row)."""
     BLOCK_N: gl.constexpr = s_acc.shape[1]
-    cols = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_acc.type.layout))
-    hidden = gl.expand_dims(cols, 0) >= Tk
-    if CAUSAL:
-        hidden = hidden | (gl.expand_dims(cols, 0) > gl.expand_dims(rows, 1))
-    scores = gl.where(hidden, float("-inf"), s_acc * qk_scale)
+    if MASKED:
+        cols = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_acc.type.layout))
+        hidden = gl.expand_dims(cols, 0) >= Tk
+        if CAUSAL:
+            hidden = hidden | (gl.expand_dims(cols, 0) > gl.expand_dims(rows, 1))
+        scores = gl.where(hidden, float("-inf"), s_acc * qk_scale)
+    else:
+        scores = s_acc * qk_scale
     m_new = gl.maximum(m_i, gl.max(scores, axis=1))
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(scores - gl.expand_dims(m_new, 1))
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return gl.convert_layout(p.to(dtype), p_layout), alpha, m_new, l_new
+
+
+@gluon.jit
+def _softmax_tile(s_acc, m_i, l_i, rows, tile, n_full, Tk, qk_scale, CAUSAL: gl.constexpr, dtype: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """``_softmax_step`` with the mask only on the tiles that need one: the first ``n_full`` tiles are
+    visible whole (a warp-uniform branch per tile)."""
+    if tile < n_full:
+        p, alpha, m_new, l_new = _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL, False, dtype,
+                                               p_layout)
+    else:
+        p, alpha, m_new, l_new = _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL, True, dtype,
+                                               p_layout)
+    return p, alpha, m_new, l_new
 
 
 @gluon.jit
@@ -142,6 +162,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
     # the keys this tile sees: all Tk, or (causal) up to its last query row; at least one tile (Tk > 0)
     hi = gl.minimum(Tk, off_m + BLOCK_M) if CAUSAL else Tk
     n_tiles = gl.cdiv(hi, BLOCK_N)
+    # the leading tiles every row sees whole (no key past Tk; causal: none past the tile's first row)
+    n_full = gl.minimum(Tk // BLOCK_N, (off_m + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
     for t in gl.static_range(STAGES - 1):  # the ring's first tiles
         if t < n_tiles:
             _load_kv(k_desc, v_desc, kv_bars.index(t), k_smem.index(t), v_smem.index(t), b, hk, t)
@@ -159,7 +181,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
         s_acc = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-        p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, 0, Tk, qk_scale, CAUSAL, dtype, p_layout)
+        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, 0, n_full, Tk, qk_scale, CAUSAL, dtype, p_layout)
         for t in range(1, n_tiles):
             # the next loads into the buffers of tile t - 2, whose P V finished last iteration
             s_acc = _issue_scores(q, s_zero, k_desc, v_desc, kv_bars, k_smem, v_smem, b, hk, t, t + STAGES - 2,
@@ -167,7 +189,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
             v_prev = v_smem.index((t - 1) % STAGES).reshape([BLOCK_N, HEAD_DIM])
             acc = warpgroup_mma(p, v_prev, acc, is_async=True)
             s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc, ))  # S done; P V may still run
-            p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, t, Tk, qk_scale, CAUSAL, dtype, p_layout)
+            p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, dtype,
+                                                p_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
         v_last = v_smem.index((n_tiles - 1) % STAGES).reshape([BLOCK_N, HEAD_DIM])
@@ -180,7 +203,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
                                   n_tiles)
             s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
             stage = t % STAGES
-            p, alpha, m_i, l_i = _softmax_step(s_acc, m_i, l_i, rows, t, Tk, qk_scale, CAUSAL, dtype, p_layout)
+            p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, dtype,
+                                                p_layout)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
             acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -369,6 +393,10 @@ def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, block_m=6
 
 VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, True)
             for dt in (torch.bfloat16, torch.float16)]
+# the forward's schedules: (OVERLAP, keys per tile). 128 keys: one CTA per SM (224 KiB of shared memory
+# overlapped, 160 KiB not); 64 keys and no overlap: 96 KiB, two CTAs per SM, whose softmax and products
+# the warp schedulers interleave.
+FORWARDS = [(False, 128), (True, 128), (False, 64), (True, 64)]
 
 
 def compile_all() -> list:
@@ -378,9 +406,9 @@ def compile_all() -> list:
         for var in VARIANTS:
             q = torch.zeros(2, 4, 200, var["D"], dtype=var["dtype"])
             kv = torch.zeros(2, 2, 200, var["D"], dtype=var["dtype"])
-            for overlap in (False, True):
+            for overlap, block_n in FORWARDS:
                 compiled.append(attention_fwd(q, kv, kv, var["causal"], var["D"] ** -0.5, overlap=overlap,
-                                              compile_only=True))
+                                              block_n=block_n, compile_only=True))
             lse = torch.zeros(2, 4, 200)
             compiled.append(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True))
     return compiled
@@ -399,12 +427,13 @@ def check_and_time(out_path: str) -> None:
             dout = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             ref, cache = reference(q.double(), k.double(), v.double(), var["causal"], D ** -0.5)
             ref_grads = reference_backward(dout.double(), cache, (True, True, True), var["causal"], D ** -0.5)
-            for overlap in (False, True):
-                out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5, overlap=overlap)
+            for overlap, block_n in FORWARDS:
+                out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5, overlap=overlap, block_n=block_n)
                 grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
                 errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
                 errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
-                lines.append(f"{var} overlap={overlap} B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the "
+                lines.append(f"{var} overlap={overlap} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
+                             "error against the "
                              "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
                                                        zip(("out", "lse", "dq", "dk", "dv"), errors)))
     for T in (1024, 2048, 4096, 8192, 16384):
@@ -413,9 +442,9 @@ def check_and_time(out_path: str) -> None:
             q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
             times = {}
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            for name, fn in (("gluon", lambda: attention_fwd(q, k, v, causal, D ** -0.5, overlap=False)),
-                             ("gluon overlap", lambda: attention_fwd(q, k, v, causal, D ** -0.5)),
-                             ("sdpa", lambda: sdpa(q, k, v, is_causal=causal)),
+            gluon = [(f"gluon{' overlap' if o else ''} {n}", lambda o=o, n=n: attention_fwd(
+                q, k, v, causal, D ** -0.5, overlap=o, block_n=n)) for o, n in FORWARDS]
+            for name, fn in (*gluon, ("sdpa", lambda: sdpa(q, k, v, is_causal=causal)),
                              ("triton tl", lambda: blas.attention(q, k, v, causal=causal, backend="triton"))):
                 fn()
                 torch.cuda.synchronize()
@@ -431,8 +460,7 @@ def check_and_time(out_path: str) -> None:
             flops = 4 * B * H * T * T * D / (2 if causal else 1)
             lines.append(f"T={T} causal={causal}: " + ", ".join(
                 f"{n} {t:.3f} ms ({flops / t / 1e9:.0f} TFLOP/s)" for n, t in times.items())
-                + f"; speed against sdpa: gluon {times['sdpa'] / times['gluon']:.2f}, "
-                f"overlapped {times['sdpa'] / times['gluon overlap']:.2f}")
+                + "; speed against sdpa: " + ", ".join(f"{n} {times['sdpa'] / times[n]:.2f}" for n, _ in gluon))
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -445,7 +473,8 @@ def main():
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
-        print(f"{len(kernels)} kernels (2 forwards and a backward of {len(VARIANTS)} variants) compiled for sm_90a "
+        print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and a backward of {len(VARIANTS)} variants) compiled "
+              f"for sm_90a "
               f"with Triton {triton.__version__}")
         return
     check_and_time(args.out or "gluon_attention.txt")
