@@ -1,8 +1,8 @@
 """Experiment: a first Gluon attention forward and backward for Hopper (issue "The triton backend's attention at
 cuDNN's speed on Hopper, written in Gluon"): TMA loads of Q and a ring of K/V tiles, async
 ``warpgroup_mma`` for S = Q K^T and O += P V, the online softmax in registers between them; the
-backward per key tile (``attention_bwd_kernel``). Not yet warp-specialized (one partition: the
-loads run ``STAGES - 1`` tiles ahead of the products).
+backward per key tile (``attention_bwd_kernel``). ``attention_fwd_kernel`` is one partition (the
+loads run ``STAGES - 1`` tiles ahead of the products); ``attention_fwd_ws_kernel`` is warp-specialized.
 
     python -m benchmarks.experiments.gluon_attention --compile-only    # any machine: builds for sm_90a
     python -m benchmarks.experiments.gluon_attention OUT.txt            # a Hopper GPU: checks and times
@@ -15,9 +15,11 @@ for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3
 Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
 forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71), where the
 ``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with the
-products. Since then (not yet run): the mask only on the tiles that need it (``_softmax_tile``), and
-64-key tiles, two CTAs per SM (``FORWARDS``). Next: a producer warp and two consumer warpgroups
-(``gl.warp_specialize``).
+products. Since then (not yet run): the mask only on the tiles that need it (``_softmax_tile``),
+64-key tiles (two CTAs per SM where the registers allow), and a warp-specialized forward
+(``attention_fwd_ws_kernel``: a producer warp with 24 registers feeding the two consumer warpgroups
+through ready/empty mbarriers, 12 warps, ``setmaxnreg``); ``FORWARDS`` lists the schedules the run
+checks and times. Next: ping-pong between the consumer warpgroups (each its own query tile).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
     m' = max(m, rowmax S)    P = exp2(S - m')    l' = l exp2(m - m') + rowsum P    O' = O exp2(m - m') + P V
@@ -220,6 +222,117 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
 
 
 @gluon.jit
+def _ws_load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk, off_m,
+             n_tiles):
+    """The producer warp: Q, then each K/V tile into the ring slot the consumers released (``kv_empty``),
+    K and V on barriers of their own so that S = Q K^T can start before V has landed."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
+    for t in range(n_tiles):
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(kv_empty.index(stage), phase ^ 1)  # (a fresh barrier's previous phase counts as done)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma_load(k_desc, [b, hk, t * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma_load(v_desc, [b, hk, t * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _ws_compute(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, qk_scale, off_m, n_tiles, n_full,
+                CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """The consumer warpgroups: per K/V tile, S = Q K^T, the online softmax, O += P V, then the slot
+    back to the producer. Returns ``(O unnormalized, m, l)``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.shape[3]
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    rows = off_m + gl.arange(0, BLOCK_M, layout=rows_s)
+    mbarrier.wait(q_bar, phase=0)
+    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    for t in range(n_tiles):
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, q_smem.dtype,
+                                           p_layout)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+        mbarrier.wait(v_ready.index(stage), phase)
+        acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(stage), count=1)  # both products of this tile are done with it
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """``attention_fwd_kernel`` warp-specialized: a producer warp (``_ws_load``, 24 registers) keeps
+    the K/V ring full while the consumer warpgroups (the default partition, ``_ws_compute``) multiply
+    and exponentiate; the epilogue runs on the consumers once the partitions join."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    off_m = pid_m * BLOCK_M
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar, k_ready = _barriers(STAGES)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=1)
+    fence_async_shared()
+
+    hi = gl.minimum(Tk, off_m + BLOCK_M) if CAUSAL else Tk
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    n_full = gl.minimum(Tk // BLOCK_N, (off_m + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
+    acc, m_i, l_i = gl.warp_specialize([
+        (_ws_compute, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, qk_scale, off_m, n_tiles,
+                       n_full, CAUSAL, s_layout, o_layout, p_layout)),
+        (_ws_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk,
+                    off_m, n_tiles)),
+    ], [1], [24])
+
+    _retire(q_bar, k_ready, STAGES)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(kv_empty.index(s))
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    q_smem.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))  # Q's buffer stages O
+    fence_async_shared()
+    tma_store(o_desc, [b, h, off_m, 0], q_smem)
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    gl.store(lse_ptr + bh * Tq + rows, (m_i + gl.log2(l_i)) / LOG2E_CONST, mask=rows < Tq)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr,
                          H, GROUP, Tq, Tk, qk_scale, scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -349,7 +462,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, overlap=True, num_warps=8,
-                  compile_only=False):
+                  compile_only=False, ws=False):
     """``(out (B, H, Tq, D), lse (B, H, Tq) float32)`` for bf16/fp16 q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128."""
     B, H, Tq, D = q.shape
@@ -361,10 +474,15 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     grid = (triton.cdiv(Tq, block_m), B * H)
     args = (_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m),
             lse, H, H // Hkv, Tq, Tk, scale * LOG2E)
-    options = dict(CAUSAL=causal, STAGES=3 if overlap else 2, OVERLAP=overlap, num_warps=num_warps)
+    if ws:  # the producer warp's warpgroup joins: registers per thread <= 65536 / ((num_warps + 4) * 32)
+        kernel, options = attention_fwd_ws_kernel, dict(CAUSAL=causal, STAGES=2, num_warps=num_warps,
+                                                        maxnreg=65536 // ((num_warps + 4) * 32) // 8 * 8)
+    else:
+        kernel, options = attention_fwd_kernel, dict(CAUSAL=causal, STAGES=3 if overlap else 2, OVERLAP=overlap,
+                                                     num_warps=num_warps)
     if compile_only:  # (inside _launch.compiling_only: compiled for sm_90a by a driver with no GPU)
-        return attention_fwd_kernel.warmup(*args, grid=grid, **options)
-    attention_fwd_kernel[grid](*args, **options)
+        return kernel.warmup(*args, grid=grid, **options)
+    kernel[grid](*args, **options)
     return out, lse
 
 
@@ -396,7 +514,13 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # the forward's schedules: (OVERLAP, keys per tile). 128 keys: one CTA per SM (224 KiB of shared memory
 # overlapped, 160 KiB not); 64 keys and no overlap: 96 KiB, two CTAs per SM, whose softmax and products
 # the warp schedulers interleave.
-FORWARDS = [(False, 128), (True, 128), (False, 64), (True, 64)]
+# "ws": warp-specialized (a producer warp, ``attention_fwd_ws_kernel``), two K/V stages.
+FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64)]
+
+
+def forward(schedule: str, block_n: int, *args, **kwargs):
+    """``attention_fwd`` with one of ``FORWARDS``' schedules."""
+    return attention_fwd(*args, overlap=schedule == "overlap", ws=schedule == "ws", block_n=block_n, **kwargs)
 
 
 def compile_all() -> list:
@@ -406,9 +530,9 @@ def compile_all() -> list:
         for var in VARIANTS:
             q = torch.zeros(2, 4, 200, var["D"], dtype=var["dtype"])
             kv = torch.zeros(2, 2, 200, var["D"], dtype=var["dtype"])
-            for overlap, block_n in FORWARDS:
-                compiled.append(attention_fwd(q, kv, kv, var["causal"], var["D"] ** -0.5, overlap=overlap,
-                                              block_n=block_n, compile_only=True))
+            for schedule, block_n in FORWARDS:
+                compiled.append(forward(schedule, block_n, q, kv, kv, var["causal"], var["D"] ** -0.5,
+                                        compile_only=True))
             lse = torch.zeros(2, 4, 200)
             compiled.append(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True))
     return compiled
@@ -427,12 +551,12 @@ def check_and_time(out_path: str) -> None:
             dout = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             ref, cache = reference(q.double(), k.double(), v.double(), var["causal"], D ** -0.5)
             ref_grads = reference_backward(dout.double(), cache, (True, True, True), var["causal"], D ** -0.5)
-            for overlap, block_n in FORWARDS:
-                out, lse = attention_fwd(q, k, v, var["causal"], D ** -0.5, overlap=overlap, block_n=block_n)
+            for schedule, block_n in FORWARDS:
+                out, lse = forward(schedule, block_n, q, k, v, var["causal"], D ** -0.5)
                 grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
                 errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
                 errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
-                lines.append(f"{var} overlap={overlap} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
+                lines.append(f"{var} {schedule} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
                              "error against the "
                              "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
                                                        zip(("out", "lse", "dq", "dk", "dv"), errors)))
@@ -442,8 +566,8 @@ def check_and_time(out_path: str) -> None:
             q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
             times = {}
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            gluon = [(f"gluon{' overlap' if o else ''} {n}", lambda o=o, n=n: attention_fwd(
-                q, k, v, causal, D ** -0.5, overlap=o, block_n=n)) for o, n in FORWARDS]
+            gluon = [(f"gluon {sched} {n}", lambda sched=sched, n=n: forward(sched, n, q, k, v, causal, D ** -0.5))
+                     for sched, n in FORWARDS]
             for name, fn in (*gluon, ("sdpa", lambda: sdpa(q, k, v, is_causal=causal)),
                              ("triton tl", lambda: blas.attention(q, k, v, causal=causal, backend="triton"))):
                 fn()
