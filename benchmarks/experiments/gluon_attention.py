@@ -19,7 +19,9 @@ products. Since then (not yet run): the mask only on the tiles that need it (``_
 64-key tiles (two CTAs per SM where the registers allow), and a warp-specialized forward
 (``attention_fwd_ws_kernel``: a producer warp with 24 registers feeding the two consumer warpgroups
 through ready/empty mbarriers, 12 warps, ``setmaxnreg``); ``FORWARDS`` lists the schedules the run
-checks and times. Next: ping-pong between the consumer warpgroups (each its own query tile).
+checks and times; and FlashAttention-3's partitions (``attention_fwd_pp_kernel``: two consumer
+warpgroups, each its own 64-row query tile, and the producer warp; not yet ordered against each other
+by named barriers as FlashAttention-3's ping-pong is).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
     m' = max(m, rowmax S)    P = exp2(S - m')    l' = l exp2(m - m') + rowsum P    O' = O exp2(m - m') + P V
@@ -97,10 +99,9 @@ def _softmax_step(s_acc, m_i, l_i, rows, tile, Tk, qk_scale, CAUSAL: gl.constexp
     each row; else every key of the tile is visible to every row)."""
     BLOCK_N: gl.constexpr = s_acc.shape[1]
     if MASKED:
-        cols = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_acc.type.layout))
-        hidden = gl.expand_dims(cols, 0) >= Tk
-        if CAUSAL:
-            hidden = hidden | (gl.expand_dims(cols, 0) > gl.expand_dims(rows, 1))
+        cols = gl.expand_dims(tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_acc.type.layout)), 0)
+        # (one expression: a warp-specialized partition may receive CAUSAL as a value, not a constexpr)
+        hidden = (cols >= Tk) | ((cols > gl.expand_dims(rows, 1)) & CAUSAL)
         scores = gl.where(hidden, float("-inf"), s_acc * qk_scale)
     else:
         scores = s_acc * qk_scale
@@ -333,6 +334,151 @@ def attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, T
 
 
 @gluon.jit
+def _pp_tiles(off, Tk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The K/V tiles query rows off ... off + BLOCK_M - 1 see (at least one: Tk > 0)."""
+    hi = gl.minimum(Tk, off + BLOCK_M) if CAUSAL else Tk
+    return gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _pp_load(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+             b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr):
+    """The producer warp: both consumers' query tiles, then the K/V tiles the later one sees, each into
+    the ring slot both consumers released."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    for r in gl.static_range(2):
+        mbarrier.expect(q_bars.index(r), q_desc.block_type.nbytes)
+        tma_load(q_desc, [b, h, off_m + r * BLOCK_M, 0], q_bars.index(r), q_smem.index(r))
+    for t in range(_pp_tiles(off_m + BLOCK_M, Tk, CAUSAL, BLOCK_M, BLOCK_N)):
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(kv_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma_load(k_desc, [b, hk, t * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma_load(v_desc, [b, hk, t * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+                b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr, ROLE: gl.constexpr):
+    """Consumer warpgroup ``ROLE`` (0 or 1): query rows off_m + ROLE * BLOCK_M ..., every product, the
+    online softmax and its own epilogue (O through its Q buffer by TMA, lse). Tiles only the other
+    consumer sees (causal) are handed back to the producer as they land."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    off = off_m + ROLE * BLOCK_M
+    n_mine = _pp_tiles(off, Tk, CAUSAL, BLOCK_M, BLOCK_N)
+    n_all = _pp_tiles(off_m + BLOCK_M, Tk, CAUSAL, BLOCK_M, BLOCK_N)
+    n_full = gl.minimum(Tk // BLOCK_N, (off + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    rows = off + gl.arange(0, BLOCK_M, layout=rows_s)
+    q_buf = q_smem.index(ROLE)
+    mbarrier.wait(q_bars.index(ROLE), phase=0)
+    q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+    for t in range(n_mine):
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, dtype, p_layout)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+        mbarrier.wait(v_ready.index(stage), phase)
+        acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+    for t in range(n_mine, n_all):  # (waiting for the tile to land keeps each arrival in its slot's phase)
+        stage = t % STAGES
+        mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    q.store(out.to(dtype))  # this consumer's Q buffer stages its O
+    fence_async_shared()
+    tma_store(o_desc, [b, h, off, 0], q_buf)  # rows past Tq are clipped by the descriptor
+    gl.store(lse_ptr + bh * Tq + rows, (m_i + gl.log2(l_i)) / LOG2E_CONST, mask=rows < Tq)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _pp_consume0(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                 kv_empty, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr):
+    _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+                b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, 0)
+
+
+@gluon.jit
+def _pp_consume1(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                 kv_empty, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr):
+    _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+                b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, 1)
+
+
+@gluon.jit
+def attention_fwd_pp_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """FlashAttention-3's partitions: one CTA two query tiles of BLOCK_M (64) rows of one head, each
+    its own consumer warpgroup (the default partition and a 4-warp worker), fed
+    by a producer warp (24 registers) through a K/V ring whose slots both consumers release
+    (``kv_empty`` counts two arrivals). The two warpgroups are not ordered against each other: the
+    warp schedulers interleave one's softmax with the other's products."""
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    off_m = gl.program_id(0) * 2 * BLOCK_M
+
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for r in gl.static_range(2):
+        mbarrier.init(q_bars.index(r), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)  # both consumers
+    fence_async_shared()
+
+    args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+            b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL)
+    # registers per thread: the default partition takes 256 (Triton 3.6's choice, read in the PTX), so
+    # the workers get 24 and 224: (256 + 224 + 24) x 128 threads = what 12 warps of 168 were given
+    gl.warp_specialize([(_pp_consume0, args), (_pp_load, args), (_pp_consume1, args)], [1, 4], [24, 224])
+
+    for r in gl.static_range(2):
+        mbarrier.invalidate(q_bars.index(r))
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(s))
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(kv_empty.index(s))
+
+
+@gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr,
                          H, GROUP, Tq, Tk, qk_scale, scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -462,7 +608,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, overlap=True, num_warps=8,
-                  compile_only=False, ws=False):
+                  compile_only=False, ws=False, pingpong=False):
     """``(out (B, H, Tq, D), lse (B, H, Tq) float32)`` for bf16/fp16 q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128."""
     B, H, Tq, D = q.shape
@@ -474,7 +620,12 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     grid = (triton.cdiv(Tq, block_m), B * H)
     args = (_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m),
             lse, H, H // Hkv, Tq, Tk, scale * LOG2E)
-    if ws:  # the producer warp's warpgroup joins: registers per thread <= 65536 / ((num_warps + 4) * 32)
+    if pingpong:  # two 64-row consumer warpgroups and the producer's: 12 warps
+        grid = (triton.cdiv(Tq, 2 * 64), B * H)
+        args = (_descriptor(q, 64), args[1], args[2], _descriptor(out, 64), *args[4:])
+        kernel, options = attention_fwd_pp_kernel, dict(CAUSAL=causal, STAGES=2, num_warps=4,
+                                                        maxnreg=65536 // (12 * 32) // 8 * 8)
+    elif ws:  # the producer warp's warpgroup joins: registers per thread <= 65536 / ((num_warps + 4) * 32)
         kernel, options = attention_fwd_ws_kernel, dict(CAUSAL=causal, STAGES=2, num_warps=num_warps,
                                                         maxnreg=65536 // ((num_warps + 4) * 32) // 8 * 8)
     else:
@@ -515,12 +666,15 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # overlapped, 160 KiB not); 64 keys and no overlap: 96 KiB, two CTAs per SM, whose softmax and products
 # the warp schedulers interleave.
 # "ws": warp-specialized (a producer warp, ``attention_fwd_ws_kernel``), two K/V stages.
-FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64)]
+# "pingpong": two consumer warpgroups of 64 query rows each and a producer warp (``attention_fwd_pp_kernel``).
+FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64),
+            ("pingpong", 128), ("pingpong", 64)]
 
 
 def forward(schedule: str, block_n: int, *args, **kwargs):
     """``attention_fwd`` with one of ``FORWARDS``' schedules."""
-    return attention_fwd(*args, overlap=schedule == "overlap", ws=schedule == "ws", block_n=block_n, **kwargs)
+    return attention_fwd(*args, overlap=schedule == "overlap", ws=schedule == "ws", pingpong=schedule == "pingpong",
+                         block_n=block_n, **kwargs)
 
 
 def compile_all() -> list:
