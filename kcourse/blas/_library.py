@@ -79,7 +79,7 @@ def _cast(args: tuple, policy: str | None, device: str) -> tuple:
         dtype = functools.reduce(torch.promote_types, (a.dtype for a in args if castable(a)))
     else:
         return args
-    return tuple(a.to(dtype) if castable(a) and a.dtype != torch.float64 else a for a in args)
+    return tuple(a.to(dtype) if castable(a) and a.dtype != dtype and a.dtype != torch.float64 else a for a in args)
 
 
 AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}

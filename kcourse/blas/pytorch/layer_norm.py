@@ -7,24 +7,30 @@ and its autograd run):
 The kernels compute half inputs in float32 and round y, dx, dweight and dbias once; mean and rstd
 are float32 (float64 for float64 x), kept flattened to (N,) in the cache. On CPU, where ATen would
 keep half statistics, half tensors are upcast first (``_norm.aten_ready``). Backward, xhat = (x -
-mean) * rstd, g = dy * weight:
+mean) * rstd, g = dy * weight (off CUDA, dweight and dbias are ``_norm.norm_backward``'s sums: ATen's CPU
+kernel adds each column up in one running float32 sum, ~20x the error at 66k rows):
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy
 """
 import torch
 
-from ._norm import aten_ready, stat_shape
+from ._norm import aten_ready, norm_backward, stat_shape
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float):
     xa, wa, ba = aten_ready(x, weight, bias)
     y, mean, rstd = torch.native_layer_norm(xa, x.shape[-1:], wa, ba, eps)  # stats (..., 1)
     n = x.shape[:-1].numel()
-    return y.to(x.dtype), (x, weight, mean.reshape(n), rstd.reshape(n))
+    return y if y.dtype == x.dtype else y.to(x.dtype), (x, weight, mean.reshape(n), rstd.reshape(n))
 
 
 def layer_norm_backward(dout, cache, needs, eps):
     x, weight, mean, rstd = cache
+    if x.device.type != "cuda" and (needs[1] or needs[2]):
+        # ATen's CPU kernel adds up dweight and dbias over the rows in running float32 sums: at 66k rows
+        # ~20x the error of the reduction tree of torch.sum, which the composed sums use
+        dx = layer_norm_backward(dout, cache, (needs[0], False, False), eps)[0] if needs[0] else None
+        return (dx, *norm_backward(dout, x, weight, mean, rstd, (False, needs[1], needs[2]))[1:])
     xa, dya, wa = aten_ready(x, dout, weight)
     # the kernel reads bias only for dbias's shape and dtype, and the cache holds no bias: the weight,
     # of that shape and dtype, stands in for it (an allocation fewer per call), else an empty one
