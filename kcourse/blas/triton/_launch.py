@@ -1,6 +1,7 @@
 """What the Triton kernels share: the interpreter switch, int64 indices, n-D strided indexing, and
 the launch (``launch``, ``launch_tuned``: the compiled kernel called directly once it exists, an
-autotuner's pick reused; ``compiling_only``: compile every kernel for a GPU without one).
+autotuner's pick reused and kept on disk for the next process; ``compiling_only``: compile every
+kernel for a GPU without one).
 
 Elementwise ops (copy, swap, scal, axpby) take same-shape tensors whose strides may all differ.
 ``strided_layout`` (``kcourse.blas._layout``, shared with the cute backend) rewrites their common
