@@ -127,6 +127,17 @@ def _softmax_tile(s_acc, m_i, l_i, rows, tile, n_full, Tk, qk_scale, CAUSAL: gl.
 
 
 @gluon.jit
+def _initial_state(off, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """The online softmax's start for query rows off ... off + BLOCK_M - 1: ``(m = -inf, l = 0, O = 0,
+    a zero S accumulator, the row indices)``."""
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    return (gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s),
+            gl.zeros([BLOCK_M], gl.float32, layout=rows_s), gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout),
+            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), off + gl.arange(0, BLOCK_M, layout=rows_s))
+
+
+@gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                          num_warps: gl.constexpr):
@@ -152,7 +163,6 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)  # P from registers
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)  # (later O's staging)
@@ -171,11 +181,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
         if t < n_tiles:
             _load_kv(k_desc, v_desc, kv_bars.index(t), k_smem.index(t), v_smem.index(t), b, hk, t)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    rows = off_m + gl.arange(0, BLOCK_M, layout=rows_s)
+    m_i, l_i, acc, s_zero, rows = _initial_state(off_m, BLOCK_M, BLOCK_N, HEAD_DIM, s_layout, o_layout)
     mbarrier.wait(q_bar, phase=0)
     q = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
@@ -223,14 +229,11 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, 
 
 
 @gluon.jit
-def _ws_load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk, off_m,
-             n_tiles):
-    """The producer warp: Q, then each K/V tile into the ring slot the consumers released (``kv_empty``),
-    K and V on barriers of their own so that S = Q K^T can start before V has landed."""
+def _fill_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk, n_tiles):
+    """The producer's loop: K/V tiles 0 ... n_tiles - 1, each into the ring slot its consumers released
+    (``kv_empty``), K and V on barriers of their own so that S = Q K^T can start before V has landed."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
     for t in range(n_tiles):
         stage = t % STAGES
         phase = (t // STAGES) & 1
@@ -242,23 +245,19 @@ def _ws_load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_r
 
 
 @gluon.jit
-def _ws_compute(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, qk_scale, off_m, n_tiles, n_full,
-                CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """The consumer warpgroups: per K/V tile, S = Q K^T, the online softmax, O += P V, then the slot
-    back to the producer. Returns ``(O unnormalized, m, l)``."""
+def _consume(q_buf, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_tiles, n_full, Tk, qk_scale,
+             CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """A consumer's loop over tiles 0 ... n_tiles - 1 of the ring for the query rows off ... held in
+    ``q_buf`` (landing on ``q_bar``): S = Q K^T, the online softmax, O += P V, then the slot back to
+    the producer. Returns ``(O unnormalized, m, l)``."""
     STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.shape[2]
+    BLOCK_M: gl.constexpr = q_buf.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    HEAD_DIM: gl.constexpr = q_smem.shape[3]
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    rows = off_m + gl.arange(0, BLOCK_M, layout=rows_s)
+    m_i, l_i, acc, s_zero, rows = _initial_state(off, BLOCK_M, BLOCK_N, HEAD_DIM, s_layout, o_layout)
     mbarrier.wait(q_bar, phase=0)
-    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    q = q_buf.reshape([BLOCK_M, HEAD_DIM])
     for t in range(n_tiles):
         stage = t % STAGES
         phase = (t // STAGES) & 1
@@ -266,7 +265,7 @@ def _ws_compute(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, q
         k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
         s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, q_smem.dtype,
+        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, k_smem.dtype,
                                            p_layout)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
         mbarrier.wait(v_ready.index(stage), phase)
@@ -277,10 +276,19 @@ def _ws_compute(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, q
 
 
 @gluon.jit
+def _ws_load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk, off_m,
+             n_tiles):
+    """The producer warp: Q, then the K/V tiles (``_fill_ring``); the consumer warpgroups run ``_consume``."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk, n_tiles)
+
+
+@gluon.jit
 def attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     """``attention_fwd_kernel`` warp-specialized: a producer warp (``_ws_load``, 24 registers) keeps
-    the K/V ring full while the consumer warpgroups (the default partition, ``_ws_compute``) multiply
+    the K/V ring full while the consumer warpgroups (the default partition, ``_consume``) multiply
     and exponentiate; the epilogue runs on the consumers once the partitions join."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -313,8 +321,8 @@ def attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, T
     n_tiles = gl.cdiv(hi, BLOCK_N)
     n_full = gl.minimum(Tk // BLOCK_N, (off_m + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
     acc, m_i, l_i = gl.warp_specialize([
-        (_ws_compute, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, Tk, qk_scale, off_m, n_tiles,
-                       n_full, CAUSAL, s_layout, o_layout, p_layout)),
+        (_consume, (q_smem, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off_m, n_tiles, n_full, Tk, qk_scale,
+                    CAUSAL, s_layout, o_layout, p_layout)),
         (_ws_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk,
                     off_m, n_tiles)),
     ], [1], [24])
@@ -345,20 +353,13 @@ def _pp_load(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_
              b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr):
     """The producer warp: both consumers' query tiles, then the K/V tiles the later one sees, each into
     the ring slot both consumers released."""
-    STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     for r in gl.static_range(2):
         mbarrier.expect(q_bars.index(r), q_desc.block_type.nbytes)
         tma_load(q_desc, [b, h, off_m + r * BLOCK_M, 0], q_bars.index(r), q_smem.index(r))
-    for t in range(_pp_tiles(off_m + BLOCK_M, Tk, CAUSAL, BLOCK_M, BLOCK_N)):
-        stage = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(kv_empty.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma_load(k_desc, [b, hk, t * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma_load(v_desc, [b, hk, t * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk,
+               _pp_tiles(off_m + BLOCK_M, Tk, CAUSAL, BLOCK_M, BLOCK_N))
 
 
 @gluon.jit
@@ -384,36 +385,19 @@ def _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem,
     n_all = _pp_tiles(off_m + BLOCK_M, Tk, CAUSAL, BLOCK_M, BLOCK_N)
     n_full = gl.minimum(Tk // BLOCK_N, (off + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    rows = off + gl.arange(0, BLOCK_M, layout=rows_s)
     q_buf = q_smem.index(ROLE)
-    mbarrier.wait(q_bars.index(ROLE), phase=0)
-    q = q_buf.reshape([BLOCK_M, HEAD_DIM])
-    for t in range(n_mine):
-        stage = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-        s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, dtype, p_layout)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
-        mbarrier.wait(v_ready.index(stage), phase)
-        acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(stage), count=1)
+    acc, m_i, l_i = _consume(q_buf, q_bars.index(ROLE), k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_mine, n_full,
+                             Tk, qk_scale, CAUSAL, s_layout, o_layout, p_layout)
     for t in range(n_mine, n_all):  # (waiting for the tile to land keeps each arrival in its slot's phase)
         stage = t % STAGES
         mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
         mbarrier.arrive(kv_empty.index(stage), count=1)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
-    q.store(out.to(dtype))  # this consumer's Q buffer stages its O
+    q_buf.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))  # this consumer's Q buffer stages its O
     fence_async_shared()
     tma_store(o_desc, [b, h, off, 0], q_buf)  # rows past Tq are clipped by the descriptor
+    rows = off + gl.arange(0, BLOCK_M, layout=rows_s)
     gl.store(lse_ptr + bh * Tq + rows, (m_i + gl.log2(l_i)) / LOG2E_CONST, mask=rows < Tq)
     tma.store_wait(pendings=0)
 
