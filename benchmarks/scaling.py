@@ -4,6 +4,7 @@ and the torch.nn baseline, every run a real ``examples/train_gpt.py`` started by
     python -m benchmarks.scaling --out DIR                                   # 1 vs 2 GPUs, ddp and fsdp, every model
     python -m benchmarks.scaling --out DIR --backends torch.nn,triton --steps 15 --time-limit 420
     python -m benchmarks.scaling --out DIR --dists ddp --batch-per-gpu 16
+    python -m benchmarks.scaling --out DIR --dists ddp --rounds 3             # x1 and x2 interleaved three times
     python -m benchmarks.scaling --out /tmp/s --tiny --device cpu --backends pytorch --dists ddp --steps 2  # smoke test
     python -m benchmarks.history add DIR/scaling.json                       # into the benchmark history
 
@@ -35,7 +36,10 @@ failing run is recorded with its log's tail and the others still run; ``--time-l
 run after so many seconds. DIR/scaling.png has each model's loss curves, 1 GPU beside N; each run's
 log, metrics and train_gpt.py's own loss.png are in DIR/runs/<run>/. Runs go model by model, 1 GPU
 first (a model's first run compiles and tunes its kernels on one GPU, its later runs read the disk
-caches).
+caches). ``--rounds R`` runs that plan R times over: each configuration keeps the median of its
+rounds, and each efficiency is the median of the rounds' ratios, a run over its model's 1-GPU run
+of the same round. That host's step times drift by tens of percent between minutes, which one round
+puts straight into the ratio.
 """
 from __future__ import annotations
 
@@ -194,13 +198,38 @@ def run(model: str, dist: str | None, n: int, args, c) -> dict:
     return result
 
 
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One configuration's runs over ``--rounds`` as one result: the first measured round's record with
+    the median step time and tokens/s of the measured rounds, and each round's in ``rounds``."""
+    measured = [r for r in rounds if "tokens_per_s_per_gpu" in r]
+    if not measured:
+        return rounds[-1]
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = dict(measured[0])
+    for key in ("tokens_per_s_per_gpu", "tokens_per_s", "step_ms"):
+        merged[key] = statistics.median(r[key] for r in measured)
+    merged["rounds"] = [{k: r.get(k) for k in ("tokens_per_s_per_gpu", "step_ms", "first_step_s", "wall_s", "error")
+                         if r.get(k) is not None} for r in rounds]
+    return merged
+
+
 def efficiencies(results: dict) -> None:
-    """Each multi-GPU run's tokens/s per GPU over its model's 1-GPU run's (``efficiency``), in place."""
+    """Each multi-GPU run's tokens/s per GPU over its model's 1-GPU run's (``efficiency``), in place.
+    Over several rounds: the median of each round's ratio, a run over the 1-GPU run of its own round
+    (nearest in time, so a drift in the host's speed between rounds cancels out)."""
     runs = results["runs"]
     for r in runs.values():
-        one = runs.get(f"{r['model']} x1", {}).get("tokens_per_s_per_gpu")
-        if "tokens_per_s_per_gpu" in r and r["gpus"] > 1:
-            r["efficiency"] = r["tokens_per_s_per_gpu"] / one if one else None
+        base = runs.get(f"{r['model']} x1", {})
+        if "tokens_per_s_per_gpu" not in r or r["gpus"] == 1 or not base.get("tokens_per_s_per_gpu"):
+            continue
+        pairs = [(a.get("tokens_per_s_per_gpu"), b.get("tokens_per_s_per_gpu"))
+                 for a, b in zip(r.get("rounds", []), base.get("rounds", []))]
+        ratios = [a / b for a, b in pairs if a and b]
+        one = base["tokens_per_s_per_gpu"]
+        r["efficiency"] = statistics.median(ratios) if ratios else r["tokens_per_s_per_gpu"] / one
+        if ratios:
+            r["efficiency_rounds"] = ratios
 
 
 def meta(args, c, runs: dict) -> dict:
@@ -293,6 +322,8 @@ def main(argv=None) -> dict | None:
     p.add_argument("--tiny", action="store_true", help="a tiny model: a smoke test of this script")
     p.add_argument("--time-limit", type=float, default=None, help="start no run after this many seconds")
     p.add_argument("--run-timeout", type=float, default=600, help="kill a run after this many seconds")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the whole plan this many times, interleaved; each configuration's median is kept")
     args = p.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
     args.gpus = [int(n) for n in args.gpus.split(",") if n]
@@ -301,8 +332,8 @@ def main(argv=None) -> dict | None:
     args.arch = "gpt2"
     if bad := [d for d in args.dists if d not in distributed.MODES]:
         p.error(f"--dists: unknown {', '.join(bad)}; valid: {', '.join(distributed.MODES)}")
-    if args.warmup < 1 or args.steps < 1 or min(args.gpus, default=0) < 1:
-        p.error("--warmup, --steps and every --gpus count must be >= 1")
+    if args.warmup < 1 or args.steps < 1 or args.rounds < 1 or min(args.gpus, default=0) < 1:
+        p.error("--warmup, --steps, --rounds and every --gpus count must be >= 1")
     if args.cuda and max(args.gpus) > torch.cuda.device_count():
         p.error(f"--gpus {max(args.gpus)}: this machine has {torch.cuda.device_count()} GPUs")
     args.date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -313,13 +344,16 @@ def main(argv=None) -> dict | None:
     results = {"meta": meta(args, c, {}), "skipped": skipped, "runs": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    for model, dist, n in runs:
+    done: dict[str, list[dict]] = {}
+    for model, dist, n in [r for _ in range(args.rounds) for r in runs]:
         name = f"{model} {config_name(dist, n)}"
         if args.time_limit and time.perf_counter() - start > args.time_limit:
-            results["runs"][name] = {"model": model, "dist": dist, "gpus": n,
-                                     "error": f"not run: --time-limit {args.time_limit:g} s reached"}
+            if name not in done:
+                results["runs"][name] = {"model": model, "dist": dist, "gpus": n,
+                                         "error": f"not run: --time-limit {args.time_limit:g} s reached"}
             continue
-        results["runs"][name] = run(model, dist, n, args, c)
+        done.setdefault(name, []).append(run(model, dist, n, args, c))
+        results["runs"][name] = merge_rounds(done[name])
         efficiencies(results)
         results["meta"] = meta(args, c, results["runs"])
         (args.out / "scaling.json").write_text(json.dumps(results, indent=1) + "\n")

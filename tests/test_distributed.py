@@ -145,6 +145,24 @@ def test_scaling_benchmark_on_cpu(tmp_path):
     assert (tmp_path / "scaling.png").is_file()
 
 
+def test_scaling_rounds_pair_each_run_with_its_own_round():
+    """--rounds: a configuration keeps its rounds' median, and an efficiency is the median of each
+    round's ratio to the 1-GPU run of the same round (a drift of the host between rounds cancels)."""
+    from benchmarks import scaling
+
+    def measured(tps, ms):
+        return {"model": "cute", "tokens_per_s_per_gpu": tps, "tokens_per_s": tps, "step_ms": ms, "wall_s": 1.0}
+
+    one = scaling.merge_rounds([measured(100.0, 10.0), measured(50.0, 20.0), measured(80.0, 12.5)])
+    two = scaling.merge_rounds([measured(95.0, 10.5), measured(40.0, 25.0), measured(76.0, 13.2)])
+    assert one["tokens_per_s_per_gpu"] == 80.0 and one["step_ms"] == 12.5 and len(one["rounds"]) == 3
+    results = {"runs": {"cute x1": {**one, "gpus": 1}, "cute ddp x2": {**two, "gpus": 2}}}
+    scaling.efficiencies(results)
+    ratios = results["runs"]["cute ddp x2"]["efficiency_rounds"]
+    assert ratios == [0.95, 0.8, 0.95] and results["runs"]["cute ddp x2"]["efficiency"] == 0.95
+    assert scaling.merge_rounds([{"error": "boom"}]) == {"error": "boom"}  # nothing measured: the failure
+
+
 def test_bad_launches_are_clear_errors(monkeypatch, capsys):
     """Each rank reads the same environment, so each one stops with the same message."""
     parse = train_gpt().parse_args
