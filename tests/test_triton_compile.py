@@ -171,14 +171,16 @@ GLUON = textwrap.dedent("""
         kv = torch.zeros(1, 1, 200, 128, dtype=torch.bfloat16)
         for schedule, keys in G.FORWARDS:
             G.forward(schedule, keys, q, kv, kv, True, 0.125, compile_only=True)
-        G.attention_bwd(q, q, kv, kv, q, torch.zeros(1, 2, 200), True, 0.125, compile_only=True)
-    print("compiled", len(G.FORWARDS) + 1)
+        for deterministic in (False, True):
+            G.attention_bwd(q, q, kv, kv, q, torch.zeros(1, 2, 200), True, 0.125, compile_only=True,
+                            deterministic=deterministic)
+    print("compiled", len(G.FORWARDS) + 3)
 """)
 
 
 def test_gluon_attention_experiment_compiles_for_sm90():
     """The Gluon attention of ``benchmarks/experiments/gluon_attention.py`` (issue 35: not dispatched
-    yet) still builds with the installed Triton: every forward schedule and the backward, causal,
+    yet) still builds with the installed Triton: every forward schedule and both backwards, causal,
     grouped-query, bf16, D = 128. Gluon's API moves between Triton versions; CI runs this with 3.6 too."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

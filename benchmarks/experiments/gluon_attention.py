@@ -13,15 +13,19 @@ backend's ``tl`` kernel at T = 1k ... 16k. Without a GPU (``--compile-only``) ea
 for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3.6 and 3.9 alike.
 
 Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
-forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71), where the
-``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with the
-products. Since then (not yet run): the mask only on the tiles that need it (``_softmax_tile``),
-64-key tiles (two CTAs per SM where the registers allow), and a warp-specialized forward
-(``attention_fwd_ws_kernel``: a producer warp with 24 registers feeding the two consumer warpgroups
-through ready/empty mbarriers, 12 warps, ``setmaxnreg``); ``FORWARDS`` lists the schedules the run
-checks and times; and FlashAttention-3's partitions (``attention_fwd_pp_kernel``: two consumer
-warpgroups, each its own 64-row query tile, and the producer warp; not yet ordered against each other
-by named barriers as FlashAttention-3's ping-pong is).
+forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71),
+where the ``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with
+the products. Written since, not yet run (``FORWARDS`` lists the forward schedules the run checks
+and times):
+  - the mask only on the tiles that need it (``_softmax_tile``) and 64-key tiles (two CTAs per SM
+    where the registers allow);
+  - ``attention_fwd_ws_kernel``: a producer warp with 24 registers (``_fill_ring``) feeding the
+    consumer warpgroups (``_consume``) through ready/empty mbarriers, 12 warps, ``setmaxnreg``;
+  - ``attention_fwd_pp_kernel``: FlashAttention-3's partitions, two consumer warpgroups each with
+    its own 64-row query tile and the producer warp (not yet ordered against each other by named
+    barriers, as FlashAttention-3's ping-pong is);
+  - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics; the run
+    checks that two runs give the same bits).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
     m' = max(m, rowmax S)    P = exp2(S - m')    l' = l exp2(m - m') + rowsum P    O' = O exp2(m - m') + P V
@@ -465,10 +469,11 @@ def attention_fwd_pp_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, T
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr,
                          H, GROUP, Tq, Tk, qk_scale, scale,
-                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                         CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, num_warps: gl.constexpr):
     """One CTA a tile of BLOCK_N keys of one kv head: dK and dV accumulated in registers over every
-    query tile (and every query head of the group) that sees the keys, dQ's share of each added
-    into a float32 dq with atomics. Transposed scores, so that P^T and dS^T feed the products as
+    query tile (and every query head of the group) that sees the keys; with ``DQ``, dQ's share of
+    each added into a float32 dq with atomics (in an order that changes from run to run; without,
+    ``attention_dq_kernel`` makes dQ, deterministically). Transposed scores, so that P^T and dS^T feed the products as
     register operands: S^T = K Q^T, P^T = exp2(S^T - lse), dV += P^T dO, dP^T = V dO^T,
     dS^T = P^T (dP^T - delta), dK += dS^T Q, dQ += dS K (dS^T through shared memory)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -560,17 +565,19 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
         dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)  # (BLOCK_N, BLOCK_M)
         dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
-        ds_smem.store(dst)
-        fence_async_shared()
-        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq, use_acc=False, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))  # (every product of this tile done)
+        if DQ:
+            ds_smem.store(dst)
+            fence_async_shared()
+            dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))  # (every product of this tile done)
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
         dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, ))
-        rows = off_m + gl.arange(0, BLOCK_M, layout=dq_rows)
-        cols = gl.arange(0, HEAD_DIM, layout=dq_cols)
-        where = dq_ptr + gl.expand_dims(((b * H + h) * Tq + rows) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
-        gl.atomic_add(where, dq * scale, mask=gl.expand_dims(rows < Tq, 1), sem="relaxed")
+        if DQ:
+            rows = off_m + gl.arange(0, BLOCK_M, layout=dq_rows)
+            cols = gl.arange(0, HEAD_DIM, layout=dq_cols)
+            where = dq_ptr + gl.expand_dims(((b * H + h) * Tq + rows) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+            gl.atomic_add(where, dq * scale, mask=gl.expand_dims(rows < Tq, 1), sem="relaxed")
 
     _retire(kv_bar, q_bars, STAGES)
     dk_smem = gl.allocate_shared_memory(dtype, dk_desc.block_type.shape, dk_desc.layout)
@@ -581,6 +588,81 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_
     tma_store(dk_desc, [b, hk, off_n, 0], dk_smem)  # keys past Tk are clipped by the descriptor
     tma_store(dv_desc, [b, hk, off_n, 0], dv_smem)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Tq, Tk, qk_scale,
+                        scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The deterministic backward's dQ: one CTA a tile of BLOCK_M queries of one head, over the key
+    tiles it sees (a K/V ring ``STAGES - 1`` tiles ahead): S = Q K^T, P = exp2(S - lse),
+    dP = dO V^T, dS = P (dP - delta), dQ += dS K with dS from registers; each dQ row summed by one
+    CTA in a fixed order. Recomputes S and dP, which the dK/dV kernel also computes (7 products in
+    all against 5 with atomics)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    off_m = gl.program_id(0) * BLOCK_M
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # S, dP (BLOCK_M, BLOCK_N)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar, kv_bars = _barriers(STAGES)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma_load(q_desc, [b, h, off_m, 0], q_bar, q_smem)
+    tma_load(do_desc, [b, h, off_m, 0], q_bar, do_smem)
+    n_tiles = gl.cdiv(gl.minimum(Tk, off_m + BLOCK_M) if CAUSAL else Tk, BLOCK_N)
+    n_full = gl.minimum(Tk // BLOCK_N, (off_m + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
+    for t in gl.static_range(STAGES - 1):
+        if t < n_tiles:
+            _load_kv(k_desc, v_desc, kv_bars.index(t), k_smem.index(t), v_smem.index(t), b, hk, t)
+
+    rows = off_m + gl.arange(0, BLOCK_M, layout=rows_s)
+    lse = gl.load(lse_ptr + bh * Tq + rows, mask=rows < Tq, other=float("inf")) * LOG2E_CONST
+    delta = gl.load(delta_ptr + bh * Tq + rows, mask=rows < Tq, other=0.0)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    mbarrier.wait(q_bar, phase=0)
+    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    do = do_smem.reshape([BLOCK_M, HEAD_DIM])
+    for t in range(n_tiles):
+        ahead = t + STAGES - 1  # into the buffers of tile t - 1, whose products are done
+        if ahead < n_tiles:
+            _load_kv(k_desc, v_desc, kv_bars.index(ahead % STAGES), k_smem.index(ahead % STAGES),
+                     v_smem.index(ahead % STAGES), b, hk, ahead)
+        stage = t % STAGES
+        mbarrier.wait(kv_bars.index(stage), phase=(t // STAGES) & 1)
+        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        st = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        scores = st * qk_scale
+        if t >= n_full:  # the tiles with keys past Tk or, causal, past a row
+            cols = gl.expand_dims(t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            hidden = (cols >= Tk) | ((cols > gl.expand_dims(rows, 1)) & CAUSAL)
+            scores = gl.where(hidden, float("-inf"), scores)
+        p = gl.exp2(scores - gl.expand_dims(lse, 1))
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), ds_layout)
+        dq = warpgroup_mma(ds, k, dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+    _retire(q_bar, kv_bars, STAGES)
+    rows_dq = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    where = dq_ptr + gl.expand_dims((bh * Tq + rows_dq) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+    gl.store(where, dq * scale, mask=gl.expand_dims(rows_dq < Tq, 1))
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -622,9 +704,10 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
 
 
 def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, block_m=64, block_n=128, stages=2,
-                  num_warps=8, compile_only=False):
+                  num_warps=8, compile_only=False, deterministic=False):
     """``(dq, dk, dv)`` of ``attention_fwd``'s output for ``dout`` (B, H, Tq, D), under the same rules;
-    delta = rowsum(dout * out) and dq's float32 sums are made by torch here."""
+    delta = rowsum(dout * out) and dq's float32 sums are made by torch here. ``deterministic``: dQ by
+    ``attention_dq_kernel`` (the same bits every run) instead of atomics."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -637,10 +720,18 @@ def attention_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, block_m=6
     args = (_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
             _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, dq, H, H // Hkv, Tq, Tk,
             scale * LOG2E, scale)
-    options = dict(CAUSAL=causal, STAGES=stages, num_warps=num_warps)
+    options = dict(CAUSAL=causal, STAGES=stages, DQ=not deterministic, num_warps=num_warps)
+    dq_grid = (triton.cdiv(Tq, 64), B * H)
+    dq_args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), lse, delta, dq, H,
+               H // Hkv, Tq, Tk, scale * LOG2E, scale)
+    dq_options = dict(CAUSAL=causal, STAGES=2, num_warps=4)
     if compile_only:
-        return attention_bwd_kernel.warmup(*args, grid=grid, **options)
+        compiled = attention_bwd_kernel.warmup(*args, grid=grid, **options)
+        return (compiled, attention_dq_kernel.warmup(*dq_args, grid=dq_grid, **dq_options)) if deterministic \
+            else compiled
     attention_bwd_kernel[grid](*args, **options)
+    if deterministic:
+        attention_dq_kernel[dq_grid](*dq_args, **dq_options)
     return dq.to(q.dtype), dk, dv
 
 
@@ -673,6 +764,8 @@ def compile_all() -> list:
                                         compile_only=True))
             lse = torch.zeros(2, 4, 200)
             compiled.append(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True))
+            compiled.extend(attention_bwd(q, q, kv, kv, q, lse, var["causal"], var["D"] ** -0.5, compile_only=True,
+                                          deterministic=True))
     return compiled
 
 
@@ -695,9 +788,17 @@ def check_and_time(out_path: str) -> None:
                 errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
                 errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
                 lines.append(f"{var} {schedule} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
-                             "error against the "
-                             "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
-                                                       zip(("out", "lse", "dq", "dk", "dv"), errors)))
+                             "error against the reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
+                                                                        zip(("out", "lse", "dq", "dk", "dv"), errors)))
+            # the deterministic backward: the same errors, and the same bits on a second run
+            out, lse = forward("plain", 128, q, k, v, var["causal"], D ** -0.5)
+            runs = [attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5, deterministic=True)
+                    for _ in range(2)]
+            errors = [(g.double() - r).abs().max().item() for g, r in zip(runs[0], ref_grads)]
+            same = all(torch.equal(a, b) for a, b in zip(*runs))
+            lines.append(f"{var} deterministic backward B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the "
+                         "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in zip(("dq", "dk", "dv"), errors))
+                         + f"; two runs bitwise equal: {same}")
     for T in (1024, 2048, 4096, 8192, 16384):
         for causal in (False, True):
             B, H, D = max(1, 16384 // T), 16, 128
@@ -735,7 +836,7 @@ def main():
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
-        print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and a backward of {len(VARIANTS)} variants) compiled "
+        print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and two backwards of {len(VARIANTS)} variants) compiled "
               f"for sm_90a "
               f"with Triton {triton.__version__}")
         return
