@@ -12,13 +12,12 @@ functions with the most time of their own. Compare code versions on the same mac
 another one's numbers; ``benchmarks/experiments/gpt_host.py`` is the same measurement on a GPU.
 """
 import argparse
-import cProfile
-import pstats
 import time
 
 import torch
 
 import kcourse.backend as backend
+from benchmarks.experiments.host_profile import profile
 import kcourse.blas._check as check
 from kcourse.blas.triton import _gemm_tma, _launch, attention, gemm
 from kcourse.modules import GPT, GPTConfig
@@ -93,26 +92,15 @@ def main():
             for _ in range(args.steps):
                 step()
             step_ms = (time.perf_counter() - start) / args.steps * 1e3
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.steps):
-                step()
-            profiler.disable()
+            table = profile(step, args.steps, args.lines)
     finally:
         for owner, name, value in restore:
             setattr(owner, name, value)
-    stats = pstats.Stats(profiler).stats
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:args.lines]
-    lines = [f"triton backend, GPT {args.layers} layers width {args.width}, bf16, B 2, T 128, on the CPU: "
-             f"{step_ms:.2f} ms a step (host only; the first step compiled for {compile_s:.0f} s)",
-             f"{'calls':>7s} {'own us':>8s} {'cum us':>8s}  function (per step)"]
-    for (file, line, name), (_, n, own, cum, _) in rows:
-        short = file.rpartition("site-packages/")[2].rpartition("kcourse/")[2]
-        lines.append(f"{n / args.steps:7.1f} {own / args.steps * 1e6:8.1f} {cum / args.steps * 1e6:8.1f}  "
-                     f"{name if file == '~' else f'{short}:{line}({name})'}")
+    text = (f"triton backend, GPT {args.layers} layers width {args.width}, bf16, B 2, T 128, on the CPU: "
+            f"{step_ms:.2f} ms a step (host only; the first step compiled for {compile_s:.0f} s)\n{table}")
     with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        f.write(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":
