@@ -204,9 +204,9 @@ def _store_pick(kernel, key, config) -> None:
                      binary=False)
 
 
-# (id of a jitted function, device, the arguments' specialization, keywords) -> (it, its compiled kernel)
+# (id of a jitted function, device, the arguments' specialization, keywords)
+#   -> (it, its compiled kernel, the values of the parameters after the positional ones, every parameter's name)
 _COMPILED: dict = {}
-_PARAMS: dict = {}  # id of a jitted function -> (it, its parameters' names, their defaults)
 
 
 def _specialization(a):
@@ -262,14 +262,13 @@ def launch(kernel, grid, *args, **kwargs):
     if kept is None or kept[0] is not kernel:
         compiled = kernel[grid](*args, **kwargs)
         if compiled is not None:  # (Triton returns None where it did not compile here and now)
-            _COMPILED[key] = kernel, compiled
+            names, defaults = _parameters(kernel)
+            # the parameters after the positional ones, from the keywords (in the key) or their defaults
+            tail = tuple(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):])
+            _COMPILED[key] = kernel, compiled, tail, names
         return
-    compiled = kept[1]
-    kept = _PARAMS.get(id(kernel))
-    if kept is None or kept[0] is not kernel:
-        kept = _PARAMS[id(kernel)] = kernel, *_parameters(kernel)
-    _, names, defaults = kept
-    full = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))  # every parameter
+    _, compiled, tail, names = kept
+    full = args + tail  # every parameter, in order
     grid = (*(grid(dict(zip(names, full))) if callable(grid) else grid), 1, 1)
     compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *full)
