@@ -15,7 +15,7 @@ for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3
 Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
 forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71),
 where the ``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with
-the products. Written since, not yet run (``FORWARDS`` lists the forward schedules the run checks
+the products. Not yet measured on a GPU (``FORWARDS`` lists the forward schedules the run checks
 and times):
   - the mask only on the tiles that need it (``_softmax_tile``) and 64-key tiles (two CTAs per SM
     where the registers allow);
@@ -836,9 +836,8 @@ def main():
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
-        print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and two backwards of {len(VARIANTS)} variants) compiled "
-              f"for sm_90a "
-              f"with Triton {triton.__version__}")
+        print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and two backwards of {len(VARIANTS)} variants) "
+              f"compiled for sm_90a with Triton {triton.__version__}")
         return
     check_and_time(args.out or "gluon_attention.txt")
 
