@@ -104,3 +104,71 @@ def test_an_autotuning_pick_is_kept_for_the_next_process(monkeypatch, tmp_path):
     path.write_text('{"index": 0, "config": "another list of configs"}')  # not what it names now: tune again
     new_process()
     assert len(tuned) == 2
+
+
+def _descriptor_fields(d):
+    """A descriptor as the launcher reads it: its base's address, and every other field."""
+    return None if d is None else (d.base.data_ptr(), {k: v for k, v in vars(d).items() if k != "base"})
+
+
+@pytest.mark.parametrize("layout", ["plain", "a_transposed", "b_shared_by_batch", "bias_gated_pair", "split"])
+def test_gemm_s_kept_launch_passes_what_the_first_one_did(monkeypatch, layout):
+    """The TMA gemm keeps each signature's launch (its ``Again``, descriptor templates and grid): a
+    later call with new tensors of that signature hands the kernel exactly the arguments, grid
+    included, that the full path (descriptors validated, the autotuner's pick and its pre_hook)
+    would hand it for them."""
+    from kcourse.blas.triton import _gemm_tma
+
+    config = _gemm_tma.CONFIGS[0]
+    full_path = []
+
+    class Recorder:  # stands for the compiled kernel's Again
+        def __init__(self, kwargs):
+            self.kwargs, self.calls = kwargs, []
+
+        def __call__(self, grid, *args):
+            self.calls.append((grid, args))
+
+    def launch_tuned(kernel, grid, key, *args, **kwargs):  # the autotuner picked ``config``
+        meta = {**kwargs, **config.all_kwargs()}
+        config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
+        full_path.append((grid(meta), args))
+        return Recorder(meta)
+
+    monkeypatch.setattr(_gemm_tma, "launch_tuned", launch_tuned)
+    monkeypatch.setattr(_gemm_tma, "_CALLS", {})
+    bf16 = dict(dtype=torch.bfloat16)
+    batch, M, K, N = (1, 96, 64, 80) if layout != "b_shared_by_batch" else (3, 96, 64, 80)
+
+    def operands():
+        A = torch.randn(batch, K, M, **bf16).mT if layout == "a_transposed" else torch.randn(batch, M, K, **bf16)
+        B = torch.randn(N, K, **bf16).mT.expand(batch, K, N) if layout == "b_shared_by_batch" else \
+            torch.randn(batch, K, N, **bf16)
+        Z = 2 if layout == "split" else batch
+        out = torch.empty(Z, M, N, dtype=torch.float32 if layout == "split" else torch.bfloat16)
+        pair = layout == "bias_gated_pair"
+        C = torch.randn(N, **bf16).expand(batch, M, N) if pair else None
+        return dict(A=A, B=B, C=C, alpha=1.0, beta=1.0 if pair else 0.0, out=out, Z=Z,
+                    k_split=32 if layout == "split" else K, split=layout == "split",
+                    activation="silu" if pair else "none", z=torch.empty_like(out) if pair else None,
+                    B2=torch.randn(batch, K, N, **bf16) if pair else None, C2=C.clone() if pair else None,
+                    z2=torch.empty_like(out) if pair else None)
+
+    first, second = operands(), operands()
+    plan = _gemm_tma.tma_layouts(first["A"], first["B"], first["out"])
+    assert plan is not None
+    _gemm_tma._launch(plan=plan, **first)  # the full path, which keeps the launch
+    (kept,) = _gemm_tma._CALLS.values()
+    _gemm_tma._launch(plan=plan, **second)  # the kept launch
+    (grid, args), = kept[0].calls
+    monkeypatch.setattr(_gemm_tma, "_CALLS", {})
+    _gemm_tma._launch(plan=plan, **second)  # what the full path would pass for the same tensors
+    expected_grid, expected = full_path[-1]
+    assert grid == expected_grid and len(args) == len(expected)
+    for got, want in zip(args, expected):
+        if isinstance(want, TensorDescriptor):
+            assert _descriptor_fields(got) == _descriptor_fields(want)
+        elif isinstance(want, torch.Tensor):
+            assert got is want
+        else:
+            assert type(got) is type(want) and got == want

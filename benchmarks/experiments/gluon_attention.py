@@ -33,6 +33,7 @@ and times):
 """
 import argparse
 import statistics
+import time
 
 import torch
 import triton
@@ -772,7 +773,16 @@ def compile_all() -> list:
 def check_and_time(out_path: str) -> None:
     from kcourse import blas
     from kcourse.blas.python.attention import attention as reference, attention_backward as reference_backward
-    lines = [torch.cuda.get_device_name()]
+    started = time.perf_counter()
+    out_file = open(out_path, "w")
+
+    def log(line: str) -> None:  # each line as it comes (with the seconds since the start): a cut run keeps them
+        line = f"[{time.perf_counter() - started:5.0f} s] {line}"
+        print(line, flush=True)
+        out_file.write(line + "\n")
+        out_file.flush()
+
+    log(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
     for var in VARIANTS:
         for B, H, Hkv, Tq, Tk in ((2, 4, 4, 197, 197), (1, 8, 2, 300, 300), (2, 2, 1, 64, 64)):
@@ -787,7 +797,7 @@ def check_and_time(out_path: str) -> None:
                 grads = attention_bwd(dout, q, k, v, out, lse, var["causal"], D ** -0.5)
                 errors = [(out.double() - ref).abs().max().item(), (lse.double() - cache[4]).abs().max().item()]
                 errors += [(g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads)]
-                lines.append(f"{var} {schedule} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
+                log(f"{var} {schedule} keys/tile={block_n} B={B} H={H} Hkv={Hkv} T={Tq}: largest "
                              "error against the reference: " + ", ".join(f"{n} {e:.3g}" for n, e in
                                                                         zip(("out", "lse", "dq", "dk", "dv"), errors)))
             # the deterministic backward: the same errors, and the same bits on a second run
@@ -796,7 +806,7 @@ def check_and_time(out_path: str) -> None:
                     for _ in range(2)]
             errors = [(g.double() - r).abs().max().item() for g, r in zip(runs[0], ref_grads)]
             same = all(torch.equal(a, b) for a, b in zip(*runs))
-            lines.append(f"{var} deterministic backward B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the "
+            log(f"{var} deterministic backward B={B} H={H} Hkv={Hkv} T={Tq}: largest error against the "
                          "reference: " + ", ".join(f"{n} {e:.3g}" for n, e in zip(("dq", "dk", "dv"), errors))
                          + f"; two runs bitwise equal: {same}")
     for T in (1024, 2048, 4096, 8192, 16384):
@@ -821,12 +831,10 @@ def check_and_time(out_path: str) -> None:
                     ms.append(start.elapsed_time(end))
                 times[name] = statistics.median(ms)
             flops = 4 * B * H * T * T * D / (2 if causal else 1)
-            lines.append(f"T={T} causal={causal}: " + ", ".join(
+            log(f"T={T} causal={causal}: " + ", ".join(
                 f"{n} {t:.3f} ms ({flops / t / 1e9:.0f} TFLOP/s)" for n, t in times.items())
                 + "; speed against sdpa: " + ", ".join(f"{n} {times['sdpa'] / times[n]:.2f}" for n, _ in gluon))
-    with open(out_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    out_file.close()
 
 
 def main():

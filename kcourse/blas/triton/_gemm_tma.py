@@ -59,7 +59,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _host
-from ._launch import INTERPRET, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
+from ._launch import INTERPRET, _specialization, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 from ._pointwise import activate
 
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
@@ -392,40 +392,79 @@ def _descriptor(x, batched):
     it validates one per shape, strides and dtype, which the others copy, with their own base
     (16-byte aligned, as ``tma_layout`` checked, or validated afresh)."""
     x = x if batched else x[0]
-    shape, strides = x.shape, x.stride()
-    key = (shape, strides, x.dtype)
+    key = (x.shape, x.stride(), x.dtype)
     template = _DESCRIPTORS.get(key)
     if template is None or x.data_ptr() % ALIGN_BYTES:
-        made = TensorDescriptor(x, list(shape), list(strides), [1] * x.dim())
+        made = TensorDescriptor(x, list(x.shape), list(x.stride()), [1] * x.dim())
         if template is None:
             if len(_DESCRIPTORS) > 4096:
                 _DESCRIPTORS.clear()
-            _DESCRIPTORS[key] = template = copy.copy(made)
-            template.base = None  # (a template keeps no tensor alive)
+            _DESCRIPTORS[key] = _template(made)
         return made
-    made = object.__new__(TensorDescriptor)
-    made.__dict__.update(template.__dict__)
-    made.base = x
-    return made
+    return _with_base(template, x)
+
+
+_CALLS: dict = {}  # a launch's signature (``_launch``) -> (its Again, its descriptors' templates, its grid)
 
 
 def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None, B2=None, C2=None,
             z2=None):
     a_kmajor, a_batched, b_kmajor, b_batched = plan
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
+    # descriptor operands: (batch, rows, cols) with unit-stride cols, as the kernel reads them
+    operands = (A if a_kmajor else A.mT, B.mT if b_kmajor else B, out, z, None if B2 is None else
+                (B2.mT if b_kmajor else B2), z2)
+    c_strides = C.stride() if C is not None else (0, 0, 0)
+    # What Triton specializes the launch on, and the autotuner's pick and the grid depend on: the
+    # layouts (A, B and out 16-byte aligned, as ``plan`` says), sizes and dtypes, C's and C2's
+    # strides, dtypes and alignment, the scalars' kinds. z, B2 and z2 have out's or B's layout.
+    signature = (plan, A.shape, A.stride(), B.stride(), out.stride(), A.dtype, B.dtype, out.dtype, Z, k_split, split,
+                 activation, c_strides, _pointer(C), _pointer(C2), _pointer(z), _pointer(B2), _pointer(z2),
+                 _specialization(alpha), _specialization(beta), A.device.index)
+    call = _CALLS.get(signature)
+    if call is not None:
+        again, templates, grid = call
+        again(grid, *[None if x is None else _with_base(t, x) for t, x in zip(templates, operands)], C, C2, M, N, K,
+              Z, k_split, *c_strides, alpha, beta)
+        return
     sms = num_sms(A.device)
     grid = lambda meta: (min(sms, Z * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
     # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
     key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None,
            B2 is None)
-    b_operand = lambda b: _descriptor(b.mT if b_kmajor else b, b_batched)  # noqa: E731
-    launch_tuned(tuned, grid, key, _descriptor(A if a_kmajor else A.mT, a_batched), b_operand(B),
-                 _descriptor(out, Z > 1), None if z is None else _descriptor(z, Z > 1),
-                 None if B2 is None else b_operand(B2), None if z2 is None else _descriptor(z2, Z > 1), C, C2,
-                 M, N, K, Z, k_split,
-                 *(C.stride() if C is not None else (0, 0, 0)), alpha, beta, ACTIVATION=activation,
-                 A_KMAJOR=a_kmajor, A_BATCHED=a_batched,
-                 B_KMAJOR=b_kmajor, B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
+    batched = (a_batched, b_batched, Z > 1, Z > 1, b_batched, Z > 1)
+    descriptors = [None if x is None else _descriptor(x, d) for x, d in zip(operands, batched)]
+    again = launch_tuned(tuned, grid, key, *descriptors, C, C2, M, N, K, Z, k_split, *c_strides, alpha, beta,
+                         ACTIVATION=activation, A_KMAJOR=a_kmajor, A_BATCHED=a_batched, B_KMAJOR=b_kmajor,
+                         B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
+    if again is not None and all(x is None or x.data_ptr() % ALIGN_BYTES == 0 for x in operands):
+        # the picked config's kernel, on TMA-aligned operands: its descriptors' block shapes are set
+        if len(_CALLS) > 4096:
+            _CALLS.clear()
+        block_m, block_n = (again.kwargs[n] for n in ("BLOCK_M", "BLOCK_N"))
+        _CALLS[signature] = again, [None if d is None else _template(d) for d in descriptors], \
+            (min(sms, Z * cdiv(M, block_m) * cdiv(N, block_n)),)
+
+
+def _pointer(x):
+    """What Triton specializes a pointer argument (or None) on, and the kernel's layout assumes."""
+    return None if x is None else (x.dtype, x.data_ptr() % ALIGN_BYTES == 0)
+
+
+def _template(d: TensorDescriptor) -> TensorDescriptor:
+    made = copy.copy(d)
+    made.base = None  # (a template keeps no tensor alive)
+    return made
+
+
+def _with_base(template: TensorDescriptor, x) -> TensorDescriptor:
+    """``template``'s descriptor (shape, strides, block) of ``x``: its base is ``x`` itself, the batch
+    view (x[0] of a 2-D descriptor, or x.mT's transpose, starts at the same address: the launcher reads
+    only ``base.data_ptr()``)."""
+    made = object.__new__(TensorDescriptor)
+    made.__dict__.update(template.__dict__)
+    made.base = x
+    return made
 
 
 def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None, C2=None, z2=None):

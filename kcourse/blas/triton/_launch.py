@@ -130,7 +130,8 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
     the pre_hook and the launch) is host time on every call, and a short kernel does not hide host
     time: see kcourse/blas/triton/attention.py. ``key`` must determine the autotuner's pick, that is
     hold its key arguments and the dtypes of the tensor arguments (or more); ``grid(meta)`` maps the
-    launch's keyword arguments (the config's among them) to the grid."""
+    launch's keyword arguments (the config's among them) to the grid. Returns ``launch``'s answer
+    (the picked config's ``Again``, without its pre_hook), or None."""
     if _compile_only[0]:  # its first config (the autotuner would time them on a GPU)
         picked = kernel.configs[0], kernel.configs[0].all_kwargs()
     else:
@@ -142,13 +143,13 @@ def launch_tuned(kernel, grid, key, *args, **kwargs):
                 config = kernel.best_config
                 _store_pick(kernel, key, config)
                 _PICKED[(kernel, key)] = config, config.all_kwargs()
-                return
+                return None
             picked = _PICKED[(kernel, key)] = config, config.all_kwargs()
     config, tuned = picked
     meta = {**kwargs, **tuned}
     if config.pre_hook is not None:
         config.pre_hook({**dict(zip(kernel.arg_names, args)), **meta})
-    launch(kernel.fn, grid(meta) if callable(grid) else grid, *args, **meta)
+    return launch(kernel.fn, grid(meta) if callable(grid) else grid, *args, **meta)
 
 
 # ----------------------------------------------------------------------------- picks kept on disk
@@ -204,8 +205,7 @@ def _store_pick(kernel, key, config) -> None:
                      binary=False)
 
 
-# (id of a jitted function, device, the arguments' specialization, keywords)
-#   -> (it, its compiled kernel, the values of the parameters after the positional ones, every parameter's name)
+# (id of a jitted function, device, the arguments' specialization, keywords) -> (it, ``Again`` of its compiled kernel)
 _COMPILED: dict = {}
 
 
@@ -238,23 +238,26 @@ def launch(kernel, grid, *args, **kwargs):
     checks the globals the kernel read and builds launch metadata on every call: tens of microseconds
     of host time, for each of the hundreds of kernels of a training step. Here the first launch of a
     specialization goes through Triton (compiling or loading from its cache) and its compiled
-    kernel is kept under ``_specialization`` of the arguments (what Triton's key depends on) and the
-    keyword arguments (constexprs and launch options); a later launch calls its launcher directly,
-    as ``JITFunction.run`` does. Under the interpreter, or with a launch hook installed (a profiler
-    such as proton), every launch goes through Triton."""
+    kernel is kept, as an ``Again``, under ``_specialization`` of the arguments (what Triton's key
+    depends on) and the keyword arguments (constexprs and launch options); a later launch calls its
+    launcher directly, as ``JITFunction.run`` does. Under the interpreter, or with a launch hook
+    installed (a profiler such as proton), every launch goes through Triton.
+
+    Returns the ``Again`` that launched, or None where Triton launched: a caller whose own key fixes
+    the specialization keeps it and calls it next time, skipping even this function's key."""
     if isinstance(kernel, triton.runtime.Autotuner):  # (``launch_tuned`` reuses an autotuner's pick)
         kernel[grid](*args, **kwargs)
-        return
+        return None
     if isinstance(kernel, triton.runtime.Heuristics):  # its values, as Heuristics.run computes them
         for name, heuristic in kernel.values.items():
             kwargs[name] = heuristic({**dict(zip(kernel.arg_names, args)), **kwargs})
         kernel = kernel.fn
-    if _compile_only[0]:
-        _compile_only[1].append(kernel.warmup(*args, grid=grid, **kwargs))
-        return
-    if INTERPRET or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-        kernel[grid](*args, **kwargs)
-        return
+    if _through_triton():
+        if _compile_only[0]:
+            _compile_only[1].append(kernel.warmup(*args, grid=grid, **kwargs))
+        else:
+            kernel[grid](*args, **kwargs)
+        return None
     device = torch.cuda.current_device()
     # keyed by the kernel's id, not the kernel: a JITFunction hashes its source hash under a lock
     key = (id(kernel), device, tuple(map(_specialization, args)), tuple(kwargs.items()))
@@ -262,16 +265,45 @@ def launch(kernel, grid, *args, **kwargs):
     if kept is None or kept[0] is not kernel:
         compiled = kernel[grid](*args, **kwargs)
         if compiled is not None:  # (Triton returns None where it did not compile here and now)
-            names, defaults = _parameters(kernel)
-            # the parameters after the positional ones, from the keywords (in the key) or their defaults
-            tail = tuple(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):])
-            _COMPILED[key] = kernel, compiled, tail, names
-        return
-    _, compiled, tail, names = kept
-    full = args + tail  # every parameter, in order
-    grid = (*(grid(dict(zip(names, full))) if callable(grid) else grid), 1, 1)
-    compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *full)
+            _COMPILED[key] = kernel, Again(kernel, compiled, len(args), kwargs, device)
+        return None
+    again = kept[1]
+    again(grid, *args)
+    return again
+
+
+class Again:
+    """One compiled kernel, launched again: ``again(grid, *args)`` runs it on positional ``args`` that
+    Triton specializes as those of the launch that compiled it (the caller's key guarantees it;
+    nothing here checks) with that launch's keyword arguments. ``grid``: a tuple, or a function of
+    the parameters by name."""
+
+    __slots__ = ("kernel", "kwargs", "tail", "names", "run", "function", "metadata", "stream", "device")
+
+    def __init__(self, kernel, compiled, positional: int, kwargs: dict, device: int):
+        names, defaults = _parameters(kernel)
+        self.kernel, self.kwargs, self.names, self.device = kernel, kwargs, names, device
+        # the parameters after the positional ones, from the keywords (in the key) or their defaults
+        self.tail = tuple(kwargs[n] if n in kwargs else defaults[n] for n in names[positional:])
+        self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
+        self.stream = driver.active.get_current_stream
+
+    def __call__(self, grid, *args):
+        if _through_triton():  # (a hook installed since, or compile-only)
+            launch(self.kernel, grid, *args, **self.kwargs)
+            return
+        full = args + self.tail  # every parameter, in order
+        if callable(grid):
+            grid = grid(dict(zip(self.names, full)))
+        self.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 self.stream(self.device), self.function, self.metadata, None, None, None, *full)
+
+
+def _through_triton() -> bool:
+    """Does every launch go through Triton now? Under the interpreter, within ``compiling_only``, and
+    with a launch hook installed."""
+    return INTERPRET or _compile_only[0] or _hooked(knobs.runtime.launch_enter_hook) or \
+        _hooked(knobs.runtime.launch_exit_hook)
 
 
 _compile_only: list = [False, []]  # inside ``compiling_only``: True, and the kernels compiled so far
