@@ -6,6 +6,7 @@ loads run ``STAGES - 1`` tiles ahead of the products); ``attention_fwd_ws_kernel
 
     python -m benchmarks.experiments.gluon_attention --compile-only    # any machine: builds for sm_90a
     python -m benchmarks.experiments.gluon_attention OUT.txt            # a Hopper GPU: checks and times
+    python -m benchmarks.experiments.gluon_attention OUT.txt --time-only  # the timings alone
 
 On a GPU: out, lse and the gradients against the python reference (causal and not, grouped-query,
 head dims 64 and 128, odd T), then forward milliseconds against ``F.scaled_dot_product_attention`` and the triton
@@ -770,7 +771,7 @@ def compile_all() -> list:
     return compiled
 
 
-def check_and_time(out_path: str) -> None:
+def check_and_time(out_path: str, check: bool = True) -> None:
     from kcourse import blas
     from kcourse.blas.python.attention import attention as reference, attention_backward as reference_backward
     started = time.perf_counter()
@@ -784,7 +785,7 @@ def check_and_time(out_path: str) -> None:
 
     log(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for var in VARIANTS:
+    for var in VARIANTS if check else ():
         for B, H, Hkv, Tq, Tk in ((2, 4, 4, 197, 197), (1, 8, 2, 300, 300), (2, 2, 1, 64, 64)):
             D, dtype = var["D"], var["dtype"]
             q = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
@@ -841,13 +842,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?")
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--time-only", action="store_true", help="skip the checks against the reference")
     args = p.parse_args()
     if args.compile_only or not torch.cuda.is_available():
         kernels = compile_all()
         print(f"{len(kernels)} kernels ({len(FORWARDS)} forwards and two backwards of {len(VARIANTS)} variants) "
               f"compiled for sm_90a with Triton {triton.__version__}")
         return
-    check_and_time(args.out or "gluon_attention.txt")
+    check_and_time(args.out or "gluon_attention.txt", check=not args.time_only)
 
 
 if __name__ == "__main__":
