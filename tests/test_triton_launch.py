@@ -111,13 +111,13 @@ def _descriptor_fields(d):
     return None if d is None else (d.base.data_ptr(), {k: v for k, v in vars(d).items() if k != "base"})
 
 
-@pytest.mark.parametrize("layout", ["plain", "a_transposed", "b_shared_by_batch", "bias_gated_pair", "split"])
-def test_gemm_s_kept_launch_passes_what_the_first_one_did(monkeypatch, layout):
-    """The TMA gemm keeps each signature's launch (its ``Again``, descriptor templates and grid): a
-    later call with new tensors of that signature hands the kernel exactly the arguments, grid
-    included, that the full path (descriptors validated, the autotuner's pick and its pre_hook)
-    would hand it for them."""
-    from kcourse.blas.triton import _gemm_tma
+@pytest.mark.parametrize("layout", ["linear", "a_transposed", "b_shared_by_batch", "bias_gated_pair", "split"])
+def test_gemm_s_kept_launch_passes_what_the_full_path_does(monkeypatch, layout):
+    """The TMA gemm keeps each argument signature's launch (``_gemm_tma.Kept``: the compiled kernel,
+    descriptor templates, grid, sizes): a later gemm call with new tensors of that signature hands the
+    kernel exactly the arguments, grid included, that the full path (descriptors validated, the
+    autotuner's pick and its pre_hook) hands it for them. A product split in K is not kept."""
+    from kcourse.blas.triton import _gemm_tma, gemm
 
     config = _gemm_tma.CONFIGS[0]
     full_path = []
@@ -136,39 +136,68 @@ def test_gemm_s_kept_launch_passes_what_the_first_one_did(monkeypatch, layout):
         return Recorder(meta)
 
     monkeypatch.setattr(_gemm_tma, "launch_tuned", launch_tuned)
-    monkeypatch.setattr(_gemm_tma, "_CALLS", {})
+    monkeypatch.setattr(_gemm_tma, "KEPT", {})
+    monkeypatch.setattr(gemm, "INTERPRET", False)  # (the path of a GPU, with CPU tensors)
+    monkeypatch.setattr(gemm, "tma_plan", _gemm_tma.tma_layouts)
+    monkeypatch.setattr(_gemm_tma, "launch", lambda *a, **k: None)  # (split K's sum kernel)
     bf16 = dict(dtype=torch.bfloat16)
-    batch, M, K, N = (1, 96, 64, 80) if layout != "b_shared_by_batch" else (3, 96, 64, 80)
+    M, K, N = (64, 2048, 64) if layout == "split" else (96, 64, 80)
 
     def operands():
-        A = torch.randn(batch, K, M, **bf16).mT if layout == "a_transposed" else torch.randn(batch, M, K, **bf16)
-        B = torch.randn(N, K, **bf16).mT.expand(batch, K, N) if layout == "b_shared_by_batch" else \
-            torch.randn(batch, K, N, **bf16)
-        Z = 2 if layout == "split" else batch
-        out = torch.empty(Z, M, N, dtype=torch.float32 if layout == "split" else torch.bfloat16)
         pair = layout == "bias_gated_pair"
-        C = torch.randn(N, **bf16).expand(batch, M, N) if pair else None
-        return dict(A=A, B=B, C=C, alpha=1.0, beta=1.0 if pair else 0.0, out=out, Z=Z,
-                    k_split=32 if layout == "split" else K, split=layout == "split",
-                    activation="silu" if pair else "none", z=torch.empty_like(out) if pair else None,
-                    B2=torch.randn(batch, K, N, **bf16) if pair else None, C2=C.clone() if pair else None,
-                    z2=torch.empty_like(out) if pair else None)
+        if layout == "a_transposed":
+            A = torch.randn(2, K, M, **bf16).mT
+        elif layout == "b_shared_by_batch":
+            A = torch.randn(3, M, K, **bf16)
+        else:
+            A = torch.randn(M, K, **bf16)
+        B = torch.randn(N, K, **bf16).mT  # a Linear's weight, transposed
+        if A.dim() == 3:
+            B = B.expand(A.shape[0], K, N) if layout == "b_shared_by_batch" else torch.randn(A.shape[0], K, N, **bf16)
+        out = torch.empty(*A.shape[:-1], N, **bf16)
+        C = torch.randn(N, **bf16).expand(M, N) if pair else None
+        return dict(A=A, B=B, C=C, alpha=1.0, beta=1.0 if pair else 0.0, out=out, activation="silu" if pair else "none",
+                    z=torch.empty_like(out) if pair else None, B2=torch.randn(N, K, **bf16).mT if pair else None,
+                    C2=torch.randn(N, **bf16).expand(M, N) if pair else None, z2=torch.empty_like(out) if pair else None)
 
-    first, second = operands(), operands()
-    plan = _gemm_tma.tma_layouts(first["A"], first["B"], first["out"])
-    assert plan is not None
-    _gemm_tma._launch(plan=plan, **first)  # the full path, which keeps the launch
-    (kept,) = _gemm_tma._CALLS.values()
-    _gemm_tma._launch(plan=plan, **second)  # the kept launch
-    (grid, args), = kept[0].calls
-    monkeypatch.setattr(_gemm_tma, "_CALLS", {})
-    _gemm_tma._launch(plan=plan, **second)  # what the full path would pass for the same tensors
+    gemm.gemm(**operands())  # the full path, which keeps the launch
+    if layout == "split":
+        assert not _gemm_tma.KEPT
+        return
+    (kept,) = _gemm_tma.KEPT.values()
+    second = operands()
+    gemm.gemm(**second)  # the kept launch
+    (grid, args), = kept.again.calls
+    assert len(full_path) == 1
+    monkeypatch.setattr(_gemm_tma, "KEPT", {})
+    gemm.gemm(**second)  # the full path on the same tensors
     expected_grid, expected = full_path[-1]
     assert grid == expected_grid and len(args) == len(expected)
     for got, want in zip(args, expected):
         if isinstance(want, TensorDescriptor):
             assert _descriptor_fields(got) == _descriptor_fields(want)
         elif isinstance(want, torch.Tensor):
-            assert got is want
+            assert got.data_ptr() == want.data_ptr() and got.dtype == want.dtype
         else:
             assert type(got) is type(want) and got == want
+
+
+def test_gemm_signature_tells_apart_what_a_kept_launch_fixes():
+    from kcourse.blas.triton import _gemm_tma
+
+    A, B, out = torch.zeros(8, 16, dtype=torch.bfloat16), torch.zeros(16, 24, dtype=torch.bfloat16), \
+        torch.zeros(8, 24, dtype=torch.bfloat16)
+    bias = torch.zeros(24, dtype=torch.bfloat16)
+
+    def sig(**changes):
+        args = dict(A=A, B=B, C=None, alpha=1.0, beta=0.0, out=out, activation="none", z=None, B2=None, C2=None,
+                    z2=None)
+        return _gemm_tma.signature(**{**args, **changes})
+
+    base = sig()
+    assert sig() == base
+    variants = [sig(A=A.T.contiguous().T), sig(A=torch.zeros(8, 17, dtype=torch.bfloat16)[:, 1:]),
+                sig(A=A.half(), B=B.half(), out=out.half()), sig(C=bias.expand(8, 24), beta=1.0),
+                sig(C=torch.zeros(8, 24, dtype=torch.bfloat16), beta=1.0), sig(alpha=1), sig(alpha=2),
+                sig(activation="gelu"), sig(z=torch.zeros(8, 24, dtype=torch.bfloat16))]
+    assert len({base, *variants}) == len(variants) + 1

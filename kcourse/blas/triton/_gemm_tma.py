@@ -62,6 +62,7 @@ from .. import _host
 from ._launch import INTERPRET, _specialization, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 from ._pointwise import activate
 
+TMA_DTYPES = (torch.float16, torch.bfloat16)  # the operand dtypes of this kernel
 ALIGN_BYTES = 16  # TMA: base, strides and (ours) contiguous extents in multiples of 16 bytes
 SPLIT_TILE = 128  # split_k counts the tiles of this edge that a product has
 SPLIT_MIN_K = 512  # no split leaves a program fewer k than this (8 k-steps of 64)
@@ -334,7 +335,7 @@ def tma_plan(A, B, out):
     B and (batch, m, n) out when this kernel takes them, else None: float16/bfloat16 on an sm_90 GPU
     (never under the interpreter), k > 0, sizes below 2^31, every operand TMA-readable and out
     n-contiguous."""
-    if INTERPRET or A.dtype not in (torch.float16, torch.bfloat16) or not A.is_cuda or not is_hopper(A.device.index):
+    if INTERPRET or A.dtype not in TMA_DTYPES or not A.is_cuda or not is_hopper(A.device.index):
         return None
     return tma_layouts(A, B, out)
 
@@ -404,51 +405,71 @@ def _descriptor(x, batched):
     return _with_base(template, x)
 
 
-_CALLS: dict = {}  # a launch's signature (``_launch``) -> (its Again, its descriptors' templates, its grid)
+KEPT: dict = {}  # gemm's arguments' signature (``signature``) -> its ``Kept`` launch
+
+
+def signature(A, B, C, alpha, beta, out, activation, z, B2, C2, z2):
+    """What gemm's arguments fix about its TMA launch: the kernel's specialization (layouts, 16-byte
+    alignment, dtypes, the scalars' kinds), the autotuner's pick, the grid and every integer argument
+    (sizes, C's strides), so that a launch kept under it (``Kept``) runs any arguments of the same
+    signature."""
+    return (A.shape, A.stride(), B.shape, B.stride(), out.shape, out.stride(), A.dtype, B.dtype, out.dtype,
+            A.data_ptr() % ALIGN_BYTES, B.data_ptr() % ALIGN_BYTES, out.data_ptr() % ALIGN_BYTES,
+            _operand(C), _operand(C2), _operand(z), _operand(B2), _operand(z2), activation,
+            _specialization(alpha), _specialization(beta), A.device.index)
+
+
+class Kept:
+    """A gemm signature's launch, kept: the picked config's compiled kernel (``Again``), the
+    descriptors' templates (shape, strides, block), the grid and the integer arguments.
+    ``kept(A, B, C, out, z, B2, C2, z2, alpha, beta)`` launches it on new tensors of the signature;
+    a descriptor's base is the operand as gemm got it (its 3-D or transposed view starts at the same
+    address, and the launcher reads only ``base.data_ptr()``)."""
+
+    __slots__ = ("again", "templates", "grid", "sizes")
+
+    def __init__(self, again, descriptors, grid, sizes):
+        self.again, self.grid, self.sizes = again, grid, sizes
+        self.templates = [None if d is None else _template(d) for d in descriptors]
+
+    def __call__(self, A, B, C, out, z, B2, C2, z2, alpha, beta):
+        a, b, o, zt, b2, z2t = self.templates
+        self.again(self.grid, _with_base(a, A), _with_base(b, B), _with_base(o, out),
+                   None if z is None else _with_base(zt, z), None if B2 is None else _with_base(b2, B2),
+                   None if z2 is None else _with_base(z2t, z2), C, C2, *self.sizes, alpha, beta)
 
 
 def _launch(A, B, C, alpha, beta, out, plan, Z, k_split, split, activation="none", z=None, B2=None, C2=None,
-            z2=None):
+            z2=None, keep=None):
+    """The kernel on the 3-D operands; with ``keep`` (gemm's signature of the arguments), the launch
+    is kept under it when it ran the picked config's compiled kernel."""
     a_kmajor, a_batched, b_kmajor, b_batched = plan
     M, K, N = A.shape[1], A.shape[2], B.shape[2]
-    # descriptor operands: (batch, rows, cols) with unit-stride cols, as the kernel reads them
-    operands = (A if a_kmajor else A.mT, B.mT if b_kmajor else B, out, z, None if B2 is None else
-                (B2.mT if b_kmajor else B2), z2)
-    c_strides = C.stride() if C is not None else (0, 0, 0)
-    # What Triton specializes the launch on, and the autotuner's pick and the grid depend on: the
-    # layouts (A, B and out 16-byte aligned, as ``plan`` says), sizes and dtypes, C's and C2's
-    # strides, dtypes and alignment, the scalars' kinds. z, B2 and z2 have out's or B's layout.
-    signature = (plan, A.shape, A.stride(), B.stride(), out.stride(), A.dtype, B.dtype, out.dtype, Z, k_split, split,
-                 activation, c_strides, _pointer(C), _pointer(C2), _pointer(z), _pointer(B2), _pointer(z2),
-                 _specialization(alpha), _specialization(beta), A.device.index)
-    call = _CALLS.get(signature)
-    if call is not None:
-        again, templates, grid = call
-        again(grid, *[None if x is None else _with_base(t, x) for t, x in zip(templates, operands)], C, C2, M, N, K,
-              Z, k_split, *c_strides, alpha, beta)
-        return
     sms = num_sms(A.device)
     grid = lambda meta: (min(sms, Z * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
     # the autotuner's pick for these sizes, layouts and dtypes, reused without its per-call dispatch
     key = (M, N, K, Z, k_split, plan, split, sms, A.dtype, out.dtype, None if C is None else C.dtype, z is None,
            B2 is None)
+    # descriptor operands: (batch, rows, cols) with unit-stride cols, as the kernel reads them
+    operands = (A if a_kmajor else A.mT, B.mT if b_kmajor else B, out, z, None if B2 is None else
+                (B2.mT if b_kmajor else B2), z2)
     batched = (a_batched, b_batched, Z > 1, Z > 1, b_batched, Z > 1)
     descriptors = [None if x is None else _descriptor(x, d) for x, d in zip(operands, batched)]
-    again = launch_tuned(tuned, grid, key, *descriptors, C, C2, M, N, K, Z, k_split, *c_strides, alpha, beta,
+    sizes = (M, N, K, Z, k_split, *(C.stride() if C is not None else (0, 0, 0)))
+    again = launch_tuned(tuned, grid, key, *descriptors, C, C2, *sizes, alpha, beta,
                          ACTIVATION=activation, A_KMAJOR=a_kmajor, A_BATCHED=a_batched, B_KMAJOR=b_kmajor,
                          B_BATCHED=b_batched, OUT_BATCHED=Z > 1, SPLIT=split, NUM_SMS=sms)
-    if again is not None and all(x is None or x.data_ptr() % ALIGN_BYTES == 0 for x in operands):
+    if keep is not None and again is not None and all(x is None or x.data_ptr() % ALIGN_BYTES == 0
+                                                      for x in operands):
         # the picked config's kernel, on TMA-aligned operands: its descriptors' block shapes are set
-        if len(_CALLS) > 4096:
-            _CALLS.clear()
-        block_m, block_n = (again.kwargs[n] for n in ("BLOCK_M", "BLOCK_N"))
-        _CALLS[signature] = again, [None if d is None else _template(d) for d in descriptors], \
-            (min(sms, Z * cdiv(M, block_m) * cdiv(N, block_n)),)
+        if len(KEPT) > 4096:
+            KEPT.clear()
+        KEPT[keep] = Kept(again, descriptors, grid(again.kwargs), sizes)
 
 
-def _pointer(x):
-    """What Triton specializes a pointer argument (or None) on, and the kernel's layout assumes."""
-    return None if x is None else (x.dtype, x.data_ptr() % ALIGN_BYTES == 0)
+def _operand(x):
+    """An optional operand's part of the signature: its layout, dtype and alignment."""
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.data_ptr() % ALIGN_BYTES)
 
 
 def _template(d: TensorDescriptor) -> TensorDescriptor:
@@ -467,16 +488,17 @@ def _with_base(template: TensorDescriptor, x) -> TensorDescriptor:
     return made
 
 
-def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None, C2=None, z2=None):
+def gemm_tma(A, B, C, alpha, beta, out, plan, activation="none", z=None, B2=None, C2=None, z2=None, keep=None):
     """``out <- alpha * A B + beta * C`` for the (batch, m, k) A, (batch, k, n) B, (batch, m, n) C
     (None when beta == 0) and out, with ``plan = tma_plan(A, B, out)``; with an ``activation``, act of
     that into out and the pre-activation into ``z``, and with ``B2`` (B's layout) the gated pair, as
-    ``gemm.gemm`` (never split in K). Returns ``out``."""
+    ``gemm.gemm`` (never split in K). ``keep``: see ``_launch`` (a product split in K is not kept).
+    Returns ``out``."""
     batch, M, K = A.shape
     N = B.shape[2]
     splits, k_split = split_k(batch, M, N, K, num_sms(A.device)) if B2 is None else (1, K)
     if splits == 1:
-        _launch(A, B, C, alpha, beta, out, plan, batch, K, False, activation, z, B2, C2, z2)
+        _launch(A, B, C, alpha, beta, out, plan, batch, K, False, activation, z, B2, C2, z2, keep)
         return out
     partial = torch.empty(splits, M, N, dtype=torch.float32, device=out.device)  # (S, M, N)
     _launch(A, B, None, 1.0, 0.0, partial, plan, splits, k_split, True)

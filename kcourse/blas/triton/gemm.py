@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _gemm_tma
 from ._gemm_tma import gemm_tma, grouped_tile, scale_and_add, tiles_that_fit, tma_layout, tma_plan
 from ._launch import INTERPRET, cdiv, launch_tuned
 from ._pointwise import activate
@@ -150,20 +151,34 @@ def gemm(A, B, C, alpha, beta, out, activation="none", z=None, B2=None, C2=None,
     rounded. With ``B2`` (B's shape and strides; ``C2`` C's), a gated pair: out = act(z) * z2 for
     z2 = alpha A B2 + beta C2 from the same tiles of A (``linear_swiglu``), z2 stored in ``z2``.
     Returns ``out``."""
+    keep = None
+    if not INTERPRET and A.dtype in _gemm_tma.TMA_DTYPES:  # a TMA launch kept for these arguments' signature
+        keep = _gemm_tma.signature(A, B, C, alpha, beta, out, activation, z, B2, C2, z2)
+        kept = _gemm_tma.KEPT.get(keep)
+        if kept is not None:
+            kept(A, B, C, out, z, B2, C2, z2, alpha, beta)
+            return out
     if out.dim() == 2:  # a batch of one; [None] adds a leading dim to the view, nothing is copied
         first = lambda t: None if t is None else t[None]  # noqa: E731
-        gemm(A[None], B[None], first(C), alpha, beta, out[None], activation, first(z), first(B2), first(C2),
-             first(z2))
+        _gemm(A[None], B[None], first(C), alpha, beta, out[None], activation, first(z), first(B2), first(C2),
+              first(z2), keep)
         return out
+    return _gemm(A, B, C, alpha, beta, out, activation, z, B2, C2, z2, keep)
+
+
+def _gemm(A, B, C, alpha, beta, out, activation, z, B2, C2, z2, keep):
+    """``gemm`` on 3-D operands; ``keep``: the arguments' signature as gemm got them, or None."""
     assert all(t is None or (t.shape == out.shape and t.stride() == out.stride()) for t in (z, z2))
     assert B2 is None or (B2.shape == B.shape and (C2 is None) == (C is None))
     if B2 is not None and B2.stride() != B.stride():  # the kernel reads B2 (C2) through B's (C's) strides
         B, B2 = (t.clone(memory_format=torch.contiguous_format) for t in (B, B2))
+        keep = None  # (a kept launch would not copy)
     if C2 is not None and C2.stride() != C.stride():  # (two bias rows of unlike strides: an (M, N) copy each)
         C, C2 = (t.clone(memory_format=torch.contiguous_format) for t in (C, C2))
+        keep = None
     plan = tma_plan(A, B, out)
     if plan is not None and (B2 is None or tma_layout(B2, A.shape[0]) == tma_layout(B, A.shape[0])):
-        return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z, B2, C2, z2)
+        return gemm_tma(A, B, C, alpha, beta, out, plan, activation, z, B2, C2, z2, keep)
     batch, M, K = A.shape
     N = B.shape[2]
     tf32 = A.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
