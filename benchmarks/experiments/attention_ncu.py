@@ -7,7 +7,7 @@ pipe utilization, warp stalls) -- what a kernel does that timing alone does not 
         --section WarpStateStats python -m benchmarks.experiments.attention_ncu 1024 full fwd
 
 Arguments: T (16 heads, B T = 16384 tokens, D = 128, bfloat16, as the runner), full or causal, fwd or
-bwd, and optionally which of sdpa and cute (both by default). Each runs a few times first (compiles,
+bwd, and optionally which of sdpa, cute, triton and the Gluon schedules (sdpa and cute by default). Each runs a few times first (compiles,
 cuDNN's plan, warm caches) and then once under the profiler; for bwd only the backward is inside.
 """
 import argparse
@@ -15,18 +15,35 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kcourse.blas.cute import attention as cute_attention
 
 
 def call(name, q, k, v, causal, direction):
     """The call to profile: the forward, or the backward of a forward run here (its graph or cache)."""
     scale = q.shape[-1] ** -0.5
+    if name == "triton":  # the triton backend's tl kernels
+        from kcourse.blas.triton import attention as triton_attention
+        with torch.no_grad():
+            if direction == "fwd":
+                return lambda: triton_attention.attention(q, k, v, causal, scale)
+            out, cache = triton_attention.attention(q, k, v, causal, scale)
+        dout = torch.randn_like(out)
+        return lambda: triton_attention.attention_backward(dout, cache, (True, True, True), causal, scale)
+    if name.startswith("gluon"):  # gluon-<schedule>-<keys per tile>: gluon_attention.py's forwards
+        from benchmarks.experiments import gluon_attention
+        _, schedule, block_n = name.split("-")
+        with torch.no_grad():
+            if direction == "fwd":
+                return lambda: gluon_attention.forward(schedule, int(block_n), q, k, v, causal, scale)
+            out, lse = gluon_attention.forward(schedule, int(block_n), q, k, v, causal, scale)
+        dout = torch.randn_like(out)
+        return lambda: gluon_attention.attention_bwd(dout, q, k, v, out, lse, causal, scale)
     if name == "sdpa":
         if direction == "fwd":
             return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         dout = torch.randn_like(out)
         return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    from kcourse.blas.cute import attention as cute_attention
     with torch.no_grad():
         if direction == "fwd":
             return lambda: cute_attention.attention(q, k, v, causal, scale)
@@ -40,7 +57,9 @@ def main():
     parser.add_argument("T", type=int)
     parser.add_argument("mask", choices=("full", "causal"))
     parser.add_argument("direction", choices=("fwd", "bwd"))
-    parser.add_argument("which", nargs="*", default=["sdpa", "cute"])
+    parser.add_argument("which", nargs="*", default=["sdpa", "cute"],
+                        help="sdpa, cute, triton (the tl kernels), gluon-<schedule>-<keys per tile> (e.g. "
+                             "gluon-pingpong-128: benchmarks/experiments/gluon_attention.py)")
     args = parser.parse_args()
     torch.manual_seed(0)
     B, H, D = 16384 // args.T, 16, 128
