@@ -16,40 +16,40 @@ import torch
 import torch.nn.functional as F
 
 
+def kernels(name):
+    """``(forward, backward)`` of a kcourse attention: forward(q, k, v, causal, scale) -> (out, cache),
+    backward(dout, q, k, v, cache, causal, scale)."""
+    if name.startswith("gluon"):  # gluon-<schedule>-<keys per tile>: gluon_attention.py's forwards
+        from benchmarks.experiments import gluon_attention
+        _, schedule, block_n = name.split("-")
+        def forward(*args):
+            out, lse = gluon_attention.forward(schedule, int(block_n), *args)
+            return out, (out, lse)
+
+        return forward, lambda dout, q, k, v, cache, *a: gluon_attention.attention_bwd(dout, q, k, v, *cache, *a)
+    if name == "triton":  # the triton backend's tl kernels
+        from kcourse.blas.triton import attention as module
+    else:
+        from kcourse.blas.cute import attention as module
+    return module.attention, lambda dout, q, k, v, cache, *a: module.attention_backward(dout, cache, (True,) * 3, *a)
+
 
 def call(name, q, k, v, causal, direction):
     """The call to profile: the forward, or the backward of a forward run here (its graph or cache)."""
     scale = q.shape[-1] ** -0.5
-    if name == "triton":  # the triton backend's tl kernels
-        from kcourse.blas.triton import attention as triton_attention
-        with torch.no_grad():
-            if direction == "fwd":
-                return lambda: triton_attention.attention(q, k, v, causal, scale)
-            out, cache = triton_attention.attention(q, k, v, causal, scale)
-        dout = torch.randn_like(out)
-        return lambda: triton_attention.attention_backward(dout, cache, (True, True, True), causal, scale)
-    if name.startswith("gluon"):  # gluon-<schedule>-<keys per tile>: gluon_attention.py's forwards
-        from benchmarks.experiments import gluon_attention
-        _, schedule, block_n = name.split("-")
-        with torch.no_grad():
-            if direction == "fwd":
-                return lambda: gluon_attention.forward(schedule, int(block_n), q, k, v, causal, scale)
-            out, lse = gluon_attention.forward(schedule, int(block_n), q, k, v, causal, scale)
-        dout = torch.randn_like(out)
-        return lambda: gluon_attention.attention_bwd(dout, q, k, v, out, lse, causal, scale)
     if name == "sdpa":
         if direction == "fwd":
             return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         dout = torch.randn_like(out)
         return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    from kcourse.blas.cute import attention as cute_attention
+    forward, backward = kernels(name)
     with torch.no_grad():
         if direction == "fwd":
-            return lambda: cute_attention.attention(q, k, v, causal, scale)
-        out, cache = cute_attention.attention(q, k, v, causal, scale)
+            return lambda: forward(q, k, v, causal, scale)
+        out, cache = forward(q, k, v, causal, scale)
     dout = torch.randn_like(out)
-    return lambda: cute_attention.attention_backward(dout, cache, (True, True, True), causal, scale)
+    return lambda: backward(dout, q, k, v, cache, causal, scale)
 
 
 def main():
