@@ -42,3 +42,30 @@ def test_cold_start_runs_each_model_in_a_new_process(tmp_path):
     cold = result["cold_start"]
     assert set(cold) == {"python", "torch.nn"}, cold
     assert all(0 < r["first_step_s"] < r["process_s"] for r in cold.values()), cold
+
+
+def test_ab_medians_per_side_and_speedup():
+    from benchmarks import ab
+
+    runs = [{"side": side, "variants": {"triton:eager": {"step_ms": ms}, "bad:eager": {"error": "x"}}}
+            for side, ms in [("base", 60.0), ("new", 40.0), ("base", 66.0), ("new", 44.0), ("base", 70.0), ("new", 50.0)]]
+    table = ab.summarize(runs)
+    assert set(table) == {"triton:eager"}  # a failed variant has no step time
+    row = table["triton:eager"]
+    assert row["base"] == [60.0, 66.0, 70.0] and row["base_median_ms"] == 66.0 and row["new_median_ms"] == 44.0
+    assert row["speedup"] == 1.5
+
+
+def test_ab_runs_both_checkouts_in_turns(tmp_path):
+    """The base is a checkout (here: this tree itself); each side's gpt.json is kept, rounds in turns."""
+    from pathlib import Path
+
+    from benchmarks import ab
+
+    table = ab.main(["--out", str(tmp_path), "--base", str(Path(ab.__file__).parents[1]), "--rounds", "1", "--",
+                     "--tiny", "--device", "cpu", "--backends", "python", "--variants", "python:eager",
+                     "--no-baselines", "--steps", "2", "--warmup", "1"])
+    assert set(table) == {"python:eager"} and table["python:eager"]["speedup"] > 0
+    assert (tmp_path / "base1" / "gpt.json").exists() and (tmp_path / "new1" / "gpt.json").exists()
+    import json
+    assert [r["side"] for r in json.loads((tmp_path / "ab.json").read_text())["runs"]] == ["base", "new"]
