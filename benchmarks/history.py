@@ -6,6 +6,7 @@
     python -m benchmarks.history add OUT/scaling.json                    # or 1 vs N GPUs (benchmarks/scaling.py)
     python -m benchmarks.history add OUT/decode.json                     # or decode tokens/s (benchmarks/decode.py)
     python -m benchmarks.history add OUT/peers.json                      # or against the peers (benchmarks/peers.py)
+    python -m benchmarks.history add OUT/ab.json                         # or two versions on one host (benchmarks/ab.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
@@ -24,7 +25,9 @@ above it:
     baseline, ratio                        torch's eager op (or torch.nn for training; the fastest peer at the
                                            point for mode ``peers``) and its time over ours
     role                                   ``ceiling`` or ``eager`` on torch's own rows, ``peer`` on a peer's
-                                           (torch eager, torch.compile, quack, liger), absent on ours
+                                           (torch eager, torch.compile, quack, liger), absent on ours;
+                                           ``ab-base``: a run of an older version beside a newer one on
+                                           one host (benchmarks/ab.py, or ``add --ab-base``), never "latest"
     device, date, versions, commit         where, when (UTC) and with what it ran; ``commit`` ends in
                                            ``+dirty`` when kcourse/ had uncommitted changes
     mode                                   training: ``eager``, ``compile``, ``autocast``, ``graphed`` ...;
@@ -284,6 +287,9 @@ def rows_from_file(path: Path) -> list[dict]:
         results = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return []
+    if isinstance(results, dict) and "table" in results and "runs" in results:  # benchmarks/ab.py's
+        return [{**r, "role": "ab-base"} if run["side"] == "base" else r for run in results["runs"]
+                for r in rows_from_variants({"meta": run["meta"], "variants": run["variants"]})]
     if not isinstance(results, dict) or "meta" not in results:
         return []
     if "peers" in results:
@@ -339,12 +345,14 @@ def write(rows: list[dict], f) -> None:
                            separators=(",", ":")) + "\n")
 
 
-def add(paths: list[Path], history: Path = HISTORY) -> int:
-    """Append the rows of each run not yet in the history; the number of rows appended."""
+def add(paths: list[Path], history: Path = HISTORY, ab_base: bool = False) -> int:
+    """Append the rows of each run not yet in the history; the number of rows appended. ``ab_base``:
+    the runs are of an older version, measured beside a newer one (role ``ab-base``)."""
     seen = {(r["device"], r["date"], r["op"]) for r in load(history)}
     new = []
     for path in paths:
-        rows = [r for r in rows_from_file(path) if (r["device"], r["date"], r["op"]) not in seen]
+        rows = [{**r, "role": "ab-base"} if ab_base else r
+                for r in rows_from_file(path) if (r["device"], r["date"], r["op"]) not in seen]
         if not rows and not rows_from_file(path):
             print(f"{path}: not the JSON of one of benchmarks/'s runners, skipped", file=sys.stderr)
         new += rows
@@ -359,6 +367,8 @@ def latest(rows: list[dict]) -> dict[str, list[dict]]:
     """Per device slug, the newest row of each (op, backend, shape, dtype, direction, mode)."""
     newest: dict[tuple, dict] = {}
     for r in rows:
+        if r.get("role") == "ab-base":
+            continue
         key = (device_slug(r["device"]), *(r.get(k) for k in KEY))
         if key not in newest or r["date"] >= newest[key]["date"]:
             newest[key] = r
@@ -610,11 +620,13 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_add = sub.add_parser("add", help="append runs' JSON to history.jsonl, then rewrite latest/ and the README table")
     p_add.add_argument("runs", nargs="+", type=Path)
+    p_add.add_argument("--ab-base", action="store_true",
+                       help="the runs are of an older version, measured beside a newer one on the same host")
     sub.add_parser("latest", help="rewrite latest/<device>.md and .png from history.jsonl")
     sub.add_parser("readme", help="rewrite README.md's performance table from history.jsonl")
     args = parser.parse_args(argv)
     if args.command == "add":
-        print(f"appended {add(args.runs)} rows to {HISTORY.relative_to(ROOT)}")
+        print(f"appended {add(args.runs, ab_base=args.ab_base)} rows to {HISTORY.relative_to(ROOT)}")
     rows = load()
     if args.command in ("add", "latest"):
         for path in write_latest(rows):

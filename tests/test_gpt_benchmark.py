@@ -69,3 +69,23 @@ def test_ab_runs_both_checkouts_in_turns(tmp_path):
     assert (tmp_path / "base1" / "gpt.json").exists() and (tmp_path / "new1" / "gpt.json").exists()
     import json
     assert [r["side"] for r in json.loads((tmp_path / "ab.json").read_text())["runs"]] == ["base", "new"]
+
+    # in the history the base's rows are kept (role ab-base) but never the latest: the new run's are,
+    # even when the base ran last, and so is a base run added by itself with --ab-base
+    from benchmarks import history
+    file = tmp_path / "history.jsonl"
+    ab_json = json.loads((tmp_path / "ab.json").read_text())
+    base, new = ab_json["runs"]
+    base["meta"]["date_utc"] = "2999-01-01 00:00:00"  # (as if the base ran last)
+    (tmp_path / "ab.json").write_text(json.dumps(ab_json))
+    assert history.add([tmp_path / "ab.json"], file) == 2
+    rows = history.load(file)
+    assert sorted(str(r.get("role")) for r in rows) == ["None", "ab-base"]
+    (latest,) = history.latest(rows)["cpu"]
+    assert latest["date"] == new["meta"]["date_utc"] and latest.get("role") is None
+    alone = json.loads((tmp_path / "base1" / "gpt.json").read_text())
+    alone["meta"]["date_utc"] = "2999-01-02 00:00:00"  # a base run by itself, later still
+    (tmp_path / "alone.json").write_text(json.dumps(alone))
+    assert history.add([tmp_path / "alone.json"], file, ab_base=True) == 1
+    (latest,) = history.latest(history.load(file))["cpu"]
+    assert latest["date"] == new["meta"]["date_utc"]
