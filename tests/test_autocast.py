@@ -190,3 +190,28 @@ def test_gpt_under_autocast_matches_torch_nn(name, arch):
     for n, p in ours.named_parameters():
         scale = grads[n].grad.abs().max().item() + 1e-6
         torch.testing.assert_close(p.grad, grads[n].grad, rtol=0.1, atol=0.1 * scale, msg=n)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_compiled_gpt_under_autocast_matches_eager(arch):
+    """torch.compile (inductor) of a float32 GPT called under autocast: the eager autocast loss and
+    gradients. Inductor allocates and reads every buffer by the fake implementations' dtypes, so a
+    backward fake giving a gradient another dtype than its kernel's reads memory wrongly."""
+    config = GPTConfig(**(GPT2 if arch == "gpt2" else LLAMA))
+    torch.manual_seed(0)
+    model = GPT(config, backend="pytorch")
+    idx, targets = (t.cpu() for t in gpt_inputs(config))
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
+    results = []
+    for run in (model, compiled):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE, torch.bfloat16):
+            _, loss = run(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (loss, grads) = results
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=0)
+    for n, g in grads.items():
+        scale = eager_grads[n].abs().max().item() + 1e-6
+        torch.testing.assert_close(g, eager_grads[n], rtol=0.05, atol=0.05 * scale, msg=n)

@@ -53,6 +53,7 @@ def _forward_args(op, backend, grad=True):
     """Small float32 arguments of ``torch.ops.kcourse.<op>`` (backend last); one list per case."""
     t = lambda *s: _t(*s, grad=grad)  # noqa: E731
     plain = lambda *s: _t(*s, grad=False)  # noqa: E731  (in-place targets and their operands)
+    half = lambda *s: _t(*s, grad=False).bfloat16().requires_grad_(grad)  # noqa: E731
     target = torch.tensor([1, -100, 6, 0], device=DEVICE)
     cases = {
         "copy": [(t(3, 4),)],
@@ -78,7 +79,9 @@ def _forward_args(op, backend, grad=True):
         "linear": [(t(2, 3, 5), t(7, 5), t(7), "gelu_tanh"), (t(4, 5), t(7, 5), None, "none")],
         "linear_swiglu": [(t(2, 3, 5), t(7, 5), t(7, 5), t(7), t(7)), (t(4, 5), t(7, 5), t(7, 5), None, None)],
         "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad, False),  # gradients ahead
-                                 (t(4, 5), t(7, 5), target, None, -100, "none", False, True)],
+                                 (t(4, 5), t(7, 5), target, None, -100, "none", False, True),
+                                 # autocast's case: bf16 operands, gradients ahead, a float32 loss
+                                 (half(4, 5), half(7, 5), target, half(7), -100, "mean", grad, True)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
         "rms_norm": [(t(3, 8), t(8), 1e-6)],
         "add_layer_norm": [(t(3, 8), t(3, 8), t(8), t(8), 1e-5), (t(3, 8), t(3, 8), None, None, 1e-5)],

@@ -801,7 +801,10 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         saved, needs, *args = rest[k - 1:]
         named = dict(zip(_saved(op, args[-1]), saved))
         shapes = {"dout": dout.shape, "row": dout.shape[-1:]}
-        return [dout.new_empty(shapes[g] if g in shapes else named[g].shape)
+        # a gradient has its input's dtype: dout's for "dout" and "row" (whose inputs have the output's
+        # dtype), the saved input's own otherwise (linear_cross_entropy's float32 loss under autocast
+        # has bf16 inputs: inductor allocates and reads each buffer as this says)
+        return [dout.new_empty(shapes[g]) if g in shapes else named[g].new_empty(named[g].shape)
                 for g, need in zip(spec.grads, kernel_needs(needs)) if need]
 
     more = "".join(f"Tensor? d{name}, " for name in spec.outs[1:])  # the other outputs' gradients (None: zero)
