@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--backend", default="cute")
     parser.add_argument("--arch", default="gpt2", choices=list(bench.ARCHS))
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--mode", default="eager", choices=["eager", "autocast"])
+    parser.add_argument("--mode", default="eager", choices=["eager", "autocast", "compile", "autocast+compile"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--small", action="store_true", help="a 2-layer width-64 model, T = 64 (the host alone)")
@@ -34,11 +34,12 @@ def main():
         dict(vocab_size=50304, block_size=1024, n_layer=8, n_head=8, n_embd=512)
     config = bench.GPTConfig(**size, **bench.ARCHS[args.arch])
     torch.manual_seed(0)
-    dtype = torch.float32 if args.mode == "autocast" or args.device == "cpu" else torch.bfloat16
+    dtype = torch.float32 if args.mode.startswith("autocast") or args.device == "cpu" else torch.bfloat16
     model = bench.GPT(config, backend=args.backend).to(args.device, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
     data = bench.batches(argparse.Namespace(batch=args.batch, device=args.device), config)
-    step_i = bench.make_step(model, opt, args.mode, argparse.Namespace(device=args.device), data)
+    step_i = bench.make_step(model, opt, args.mode, argparse.Namespace(device=args.device, allow_graph_breaks=False),
+                             data)
 
     def step():
         step_i(0)
@@ -61,7 +62,7 @@ def main():
     profiled_ms = (time.perf_counter() - start) / args.steps * 1e3
     text = io.StringIO()
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    text.write(f"{device} {args.backend} {args.arch}: {plain_ms:.2f} ms/step "
+    text.write(f"{device} {args.backend} {args.arch} {args.mode}: {plain_ms:.2f} ms/step "
                f"({profiled_ms:.2f} under cProfile), {args.steps} steps; per-step times below are x{args.steps}\n")
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(40)
