@@ -201,3 +201,27 @@ def test_gemm_signature_tells_apart_what_a_kept_launch_fixes():
                 sig(C=torch.zeros(8, 24, dtype=torch.bfloat16), beta=1.0), sig(alpha=1), sig(alpha=2),
                 sig(activation="gelu"), sig(z=torch.zeros(8, 24, dtype=torch.bfloat16))]
     assert len({base, *variants}) == len(variants) + 1
+
+
+def test_attention_tunes_once_per_doubling_of_the_lengths(monkeypatch):
+    # decoding grows the key length by one each step: the tile choice is kept per power-of-2 class,
+    # so the autotuner runs at the first length of a class and the others take its pick
+    from kcourse.blas.triton import _launch
+    from kcourse.blas.triton import attention as triton_attention
+
+    monkeypatch.setattr(_launch, "_PICKED", {})
+    monkeypatch.setattr(_launch, "KEEP_PICKS", False)
+    kernel = triton_attention.attention_fwd_kernel
+    monkeypatch.setattr(kernel, "cache", {})
+    tuned = []
+    real_run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **k: tuned.append(1) or real_run(*a, **k))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 1, 16, device=device)
+    for Tk, runs in [(9, 1), (13, 1), (16, 1), (17, 2), (31, 2)]:
+        k, v = torch.randn(2, 1, 2, Tk, 16, device=device).unbind(0)
+        out, _ = triton_attention.attention(q, k, v, False, 0.25)
+        torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25),
+                                   rtol=1e-4, atol=1e-4)
+        assert len(tuned) == runs, (Tk, len(tuned))

@@ -505,8 +505,12 @@ def _meta_of(D: int, dtype: torch.dtype, tf32: bool) -> dict:
 
 
 def _key(q: torch.Tensor, Tq: int, Tk: int, causal: bool, meta: dict) -> tuple:
-    """What the kernels' autotuners key on (``_autotune``; the backward's adds TMA), q's dtype included."""
-    return Tq, Tk, meta["HEAD_DIM"], causal, meta["PRECISION"], q.dtype
+    """The key of a launch's tile choice (``launch_tuned``; the backward's adds TMA): what the
+    autotuners key on (``_autotune``), q's dtype included, with each length rounded up to a power of
+    2. The autotuner runs at the first length of a class and its pick serves the rest (any tile is
+    correct at any length: tails are masked), so decoding, whose key length grows by one each step,
+    tunes once per doubling rather than at every step."""
+    return next_power_of_2(Tq), next_power_of_2(Tk), meta["HEAD_DIM"], causal, meta["PRECISION"], q.dtype
 
 
 def _grid(T: int, B: int, H: int, block: str):
