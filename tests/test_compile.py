@@ -261,3 +261,20 @@ def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
     assert_rel(loss_c, loss)
     for n in grads:
         assert_rel(grads_c[n], grads[n], rtol=1e-4)
+
+
+def test_compile_caches_are_keyed_on_kcourse_s_source(monkeypatch):
+    # inductor's and AOTAutograd's disk caches key a graph on its ops' names: kcourse's source hash
+    # in torch.compile's cache key makes a changed fake implementation compile anew
+    from pathlib import Path
+
+    from kcourse.blas import _library
+
+    tag = _library._source_tag()
+    assert tag in torch.compiler.config.cache_key_tag
+    _library._tag_compile_caches()  # idempotent
+    assert torch.compiler.config.cache_key_tag.count(tag) == 1
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes",
+                        lambda self: real(self) + (b"# changed" if self.name == "_library.py" else b""))
+    assert _library._source_tag() != tag

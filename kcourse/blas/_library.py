@@ -30,9 +30,11 @@ for ``geru``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -44,6 +46,31 @@ from ._host import acc_dtype as _acc_dtype
 
 LIB = torch.library.Library("kcourse", "DEF")
 ops = torch.ops.kcourse
+
+
+def _source_tag() -> str:
+    """``kcourse-<hash>`` of the modules that decide what a compiled graph of kcourse ops holds (this
+    one's schemas, fake implementations and autograd formulas, and the validation they run)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return f"kcourse-{digest.hexdigest()[:16]}"
+
+
+def _tag_compile_caches() -> None:
+    """Add ``_source_tag()`` to torch.compile's cache key (``torch.compiler.config.cache_key_tag``).
+    Inductor's and AOTAutograd's on-disk caches key a graph on its ops' names, not on the Python code
+    behind a custom op, so after a change of kcourse they would hand back a graph built on the old
+    fake implementations: buffers of the old shapes or dtypes, read as the new kernels write them."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return
+    tag = _source_tag()
+    if tag not in config.cache_key_tag:
+        config.cache_key_tag = f"{config.cache_key_tag}+{tag}" if config.cache_key_tag else tag
+
+
+_tag_compile_caches()
 
 # torch's autocast policy, per device, for the ATen op each kcourse op stands for:
 #   "lower"   runs in the autocast dtype (mm, addmv, addr, scaled_dot_product_attention)
