@@ -81,7 +81,8 @@ def _forward_args(op, backend, grad=True):
         "linear_cross_entropy": [(t(4, 5), t(7, 5), target, t(7), -100, "mean", grad, False),  # gradients ahead
                                  (t(4, 5), t(7, 5), target, None, -100, "none", False, True),
                                  # autocast's case: bf16 operands, gradients ahead, a float32 loss
-                                 (half(4, 5), half(7, 5), target, half(7), -100, "mean", grad, True)],
+                                 (half(4, 5), half(7, 5), target, half(7), -100, "mean", grad, True),
+                                 (half(4, 5), half(7, 5), target, None, -100, "none", False, True)],
         "layer_norm": [(t(3, 8), t(8), t(8), 1e-5), (t(3, 8), None, None, 1e-5)],
         "rms_norm": [(t(3, 8), t(8), 1e-6)],
         "add_layer_norm": [(t(3, 8), t(3, 8), t(8), t(8), 1e-5), (t(3, 8), t(3, 8), None, None, 1e-5)],
