@@ -243,17 +243,30 @@ def measure(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
     return result
 
 
-def profile(step, args) -> None:
-    """Three more steps under torch.profiler; prints the kernels and ops that take the most time."""
+def profile(step, args, steps: int = 3) -> None:
+    """``steps`` more steps under torch.profiler; prints the kernels and ops that take the most GPU
+    time, those that take the most host time, and whether the step waits on the host: the GPU's
+    busy time per step (its kernels' self time) against the step's wall time."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if args.cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sync(args.device)
+    start = time.perf_counter()
     with torch.profiler.profile(activities=activities) as prof:
-        for i in range(3):
+        for i in range(steps):
             step(i)
         sync(args.device)
-    key = "cuda_time_total" if args.cuda else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))
+    wall_ms = (time.perf_counter() - start) / steps * 1e3
+    events = prof.key_averages()
+    if args.cuda:
+        print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    line = f"  profiled: {wall_ms:.1f} ms a step (the profiler's own cost included)"
+    if args.cuda:
+        gpu_ms = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        gpu_ms /= 1e3 * steps
+        line += f", GPU busy {gpu_ms:.1f} ms of it ({gpu_ms / wall_ms:.0%}: well below 100%, the host sets the pace)"
+    print(line, flush=True)
 
 
 def sync(device: str) -> None:
