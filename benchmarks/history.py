@@ -559,6 +559,18 @@ def write_latest(rows: list[dict], out: Path = LATEST) -> list[Path]:
     return written
 
 
+def newest_day(rows) -> list[dict]:
+    """The training rows of each (backend, mode) measured on its newest day. A model and batch not
+    measured again would otherwise keep an older version's ratio in the README's range beside the
+    current one (the device pages keep every configuration's newest row, with its date)."""
+    rows = list(rows)
+    day: dict[tuple, str] = {}
+    for r in rows:
+        key = (r["backend"], r.get("mode"))
+        day[key] = max(day.get(key, ""), r["date"][:10])
+    return [r for r in rows if r["date"][:10] == day[(r["backend"], r.get("mode"))]]
+
+
 def readme_table(rows: list[dict]) -> str:
     """README.md's performance table: per (op, direction), each device's backends with the range of
     their fractions of the ceiling over the target points (training: tokens/s over its torch.nn baseline)."""
@@ -570,9 +582,9 @@ def readme_table(rows: list[dict]) -> str:
         for r in target_rows(per_device[d]):
             cells[(r["op"], r["direction"])][d].append(r)
             ceilings[(r["op"], r["direction"])] = r["ceiling"]
-        for r in per_device[d]:
-            if r["op"] == "gpt_train" and r.get("ratio") is not None and r.get("role") != "baseline":
-                cells[("gpt_train", r.get("mode", "eager"))][d].append(r)
+        for r in newest_day(r for r in per_device[d] if r["op"] == "gpt_train" and r.get("ratio") is not None
+                            and r.get("role") != "baseline"):
+            cells[("gpt_train", r.get("mode", "eager"))][d].append(r)
 
     def span(values):
         lo, hi = min(values), max(values)

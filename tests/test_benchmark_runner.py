@@ -97,3 +97,17 @@ def test_index_check_rows(bench, tmp_path):
         assert r["op_ms"] > 0
         assert r["check_ms"] is None or r["fraction"] == r["check_ms"] / r["op_ms"]
     assert json.loads((tmp_path / "index_check.json").read_text()) == result
+
+
+def test_readme_training_ratios_are_each_mode_s_newest_day():
+    from benchmarks import history
+
+    def row(date, shape, ratio, backend="triton", mode="eager"):
+        return {"op": "gpt_train", "backend": backend, "mode": mode, "shape": shape, "dtype": "bfloat16",
+                "direction": mode, "date": date, "ratio": ratio, "baseline": "torch.nn:eager", "device": "H200"}
+
+    rows = [row("2026-11-27T10:00:00", "B8", 0.22), row("2026-11-28T10:00:00", "B16", 0.88),
+            row("2026-11-28T11:00:00", "B8 other", 0.80), row("2026-11-27T10:00:00", "B8", 0.50, backend="cute")]
+    table = history.readme_table(rows)
+    assert "triton 0.80–0.88" in table and "0.22" not in table  # the older day's ratio is gone
+    assert "cute 0.50" in table  # a backend's newest day stands even when it is older than another's
