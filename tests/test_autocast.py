@@ -211,7 +211,9 @@ def test_compiled_gpt_under_autocast_matches_eager(arch):
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (eager_loss, eager_grads), (loss, grads) = results
     assert loss.dtype == torch.float32
-    torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=0)
+    # the same kernels on the same bf16-rounded operands: equal up to the order of float32 sums
+    # (inductor may add a tied weight's two gradients the other way round)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
     for n, g in grads.items():
-        scale = eager_grads[n].abs().max().item() + 1e-6
-        torch.testing.assert_close(g, eager_grads[n], rtol=0.05, atol=0.05 * scale, msg=n)
+        scale = eager_grads[n].abs().max().item()
+        torch.testing.assert_close(g, eager_grads[n], rtol=1e-5, atol=1e-6 * scale, msg=n)
