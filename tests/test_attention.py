@@ -488,3 +488,115 @@ def test_cute_hopper_scheduled_forward_under_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
+# ----------------------------------------------------------------------------- kv_len: a static KV cache
+
+def kv_lengths(B, Tk, seed=0):
+    """(B,) int32 key counts covering the edges: none, one, a tile tail, all, more than Tk (clamped)."""
+    picks = [0, 1, Tk, Tk + 5, max(Tk - 3, 0), Tk // 2 + 1]
+    g = torch.Generator().manual_seed(seed)
+    return torch.tensor([picks[(b + int(torch.randint(0, 6, (), generator=g))) % 6] for b in range(B)],
+                        dtype=torch.int32, device=DEVICE)
+
+
+def masked_sdpa(q, k, v, kv_len, causal):
+    """SDPA in float64 over the keys j < kv_len[b] (and j <= i when causal); rows of no key are 0."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    mask = (torch.arange(Tk, device=q.device) < kv_len[:, None].long())[:, None, None, :]  # (B, 1, 1, Tk)
+    if causal:
+        mask = mask & torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
+    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=True)
+    return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0).to(q.dtype)
+
+
+KV_SHAPES = [
+    (6, 4, 2, 1, 70, 64),  # decoding: one query, a 70-position cache, grouped-query
+    (6, 2, 2, 1, 33, 128),
+    (6, 2, 1, 9, 40, 48),  # a chunk of queries, padded head dim
+    (6, 2, 2, 37, 37, 32),  # Tq = Tk: with the causal mask, some queries see no key
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", KV_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_attention_kv_len(backend, dtype, shape, causal):
+    require_dtype(backend, dtype)
+    B, H, Hkv, Tq, Tk, D = shape
+    q, k, v = qkv(*shape, dtype)
+    kv_len = kv_lengths(B, Tk)
+    with torch.no_grad():
+        out = blas.attention(q, k, v, causal=causal, kv_len=kv_len, backend=backend)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+    assert_close(out, masked_sdpa(q, k, v, kv_len, causal))
+    with torch.no_grad():  # the reference, and int64 lengths on this backend: the same
+        assert_close(out, blas.attention(q, k, v, causal=causal, kv_len=kv_len, backend="python"))
+        assert torch.equal(out, blas.attention(q, k, v, causal=causal, kv_len=kv_len.long(), backend=backend))
+    for b in range(B):  # a row of length L equals attention over the first L keys, without kv_len
+        L = min(int(kv_len[b]), Tk)
+        if L > 0 and not causal:
+            with torch.no_grad():
+                alone = blas.attention(q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L], backend=backend)
+            assert_close(out[b:b + 1], alone)
+        elif L == 0:
+            assert (out[b] == 0).all()
+
+
+def test_attention_kv_len_of_all_keys_is_attention(backend):
+    q, k, v = qkv(3, 4, 2, 1, 45, 64, torch.float16)
+    full = torch.full((3,), 45, dtype=torch.int32, device=DEVICE)
+    require_dtype(backend, torch.float16)
+    with torch.no_grad():
+        assert_close(blas.attention(q, k, v, kv_len=full, backend=backend), blas.attention(q, k, v, backend=backend))
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(kv_len=torch.zeros(2, dtype=torch.int32)), ValueError,
+     r"attention: kv_len is torch.int32 of shape \(2,\); it must be int32 or int64 of shape \(B,\) = \(1,\)"),
+    (dict(kv_len=torch.zeros(1)), ValueError, r"attention: kv_len is torch.float32 of shape \(1,\)"),
+    (dict(kv_len=[3]), TypeError, r"attention: kv_len must be None or a torch.Tensor, got list"),
+])
+def test_attention_kv_len_validation(bad, error, message):
+    args = dict(q=torch.zeros(1, 4, 3, 8), k=torch.zeros(1, 2, 5, 8), v=torch.zeros(1, 2, 5, 8))
+    args = {n: t.to(DEVICE) for n, t in args.items()}
+    args.update({n: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for n, t in bad.items()})
+    for name in ("python", "pytorch", "triton"):
+        if kcourse.backends()[name].available:
+            with pytest.raises(error, match=message):
+                blas.attention(**args, backend=name)
+
+
+def test_attention_kv_len_has_no_backward(backend):
+    q, k, v = qkv(1, 2, 2, 1, 5, 8)
+    with pytest.raises(ValueError, match=r"attention: kv_len is for inference \(a KV cache\) and has no backward, "
+                                         r"but q \(1, 2, 1, 8\), k or v \(1, 2, 5, 8\) requires a gradient"):
+        blas.attention(q, k.requires_grad_(), v, kv_len=torch.ones(1, dtype=torch.int32, device=DEVICE),
+                       backend=backend)
+
+
+@pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs need a GPU")
+def test_attention_kv_len_replays_in_a_cuda_graph(backend):
+    # the lengths are read on the device: one captured call serves every length written into kv_len
+    q, k, v = qkv(4, 4, 2, 1, 96, 64, torch.bfloat16)
+    kv_len = torch.ones(4, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        blas.attention(q, k, v, kv_len=kv_len, backend=backend)  # compiles, tunes, plans: before capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = blas.attention(q, k, v, kv_len=kv_len, backend=backend)
+        for lengths in ([1, 2, 3, 4], [96, 50, 0, 7], [17, 64, 65, 200]):
+            kv_len.copy_(torch.tensor(lengths))
+            graph.replay()
+            assert_close(out, masked_sdpa(q, k, v, kv_len, causal=False))
+
+
+def test_attention_op_with_kv_len_refuses_a_gradient():
+    # through torch.ops.kcourse (as a compiled graph calls it) the public API's check is bypassed;
+    # the op's autograd formula refuses instead of returning gradients that ignore kv_len
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 2, 1, 5, 8))
+    out = torch.ops.kcourse.attention(q, k, v, torch.tensor([2], dtype=torch.int32, device=DEVICE), False, 0.3,
+                                      "python")[0]
+    with pytest.raises(ValueError, match=r"attention: a call with kv_len has no backward \(inference only\)"):
+        out.sum().backward()

@@ -129,7 +129,7 @@ def test_plans_follow_the_layout(monkeypatch):
         for off in (0, 1, 0):
             softmax(tensor(6, 64, dtype=torch.float32, off=off), 1)
             q = tensor(1, 2, 128, 64, dtype=torch.bfloat16, off=2 * off)
-            attention(q, q, q, False, 0.125)
+            attention(q, q, q, None, False, 0.125)
     vecs = [key[3].vec for name, key in seen if name == "_softmax_factory"]
     assert vecs == [4, 1, 4], seen
     kernels = [name for name, _ in seen if name != "_softmax_factory"]

@@ -49,7 +49,7 @@ def run(B, H, Hkv, Tq, Tk, D, dtype, causal, layout="contiguous", needs=(True, T
     q = heads(B, H, Tq, D, dtype, layout)
     k, v = heads(B, Hkv, Tk, D, dtype, layout), heads(B, Hkv, Tk, D, dtype, layout)
     with _compile.compiling_only():
-        out, cache = attention(q, k, v, causal, D ** -0.5)
+        out, cache = attention(q, k, v, None, causal, D ** -0.5)
         grads = attention_backward(torch.zeros(out.shape, dtype=dtype), cache, needs, causal, D ** -0.5)
     assert out.shape == (B, H, Tq, D) and cache[4].shape == (B, H, Tq) and cache[4].dtype == torch.float32
     for g, t, n in zip(grads, (q, k, v), needs):
@@ -123,6 +123,63 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
         assert all(t.is_contiguous() for t in cache[:3])
     if layout == "bthd":  # read in place: the cache holds the views themselves
         assert not cache[0].is_contiguous()
+
+
+# (dtype, D, causal, shape (B, H, Hkv, Tq, Tk)): kv_len's kernels, 16-bit and float32, both masks, a padded
+# head dim and D = 128 (16-bit D = 128 is a Hopper case without kv_len)
+KV_LEN_CASES = [
+    (torch.bfloat16, 128, True, (2, 4, 2, 1, 90)),
+    (torch.float16, 48, False, (3, 2, 1, 5, 70)),
+    (torch.float32, 48, True, (2, 2, 2, 33, 40)),
+    pytest.param(torch.float32, 128, False, (2, 2, 1, 1, 64), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("dtype, D, causal, shape", KV_LEN_CASES)
+def test_kv_len_forward_compiles(monkeypatch, dtype, D, causal, shape):
+    """A call with kv_len takes the mma.sync forward compiled for it (its key: the key without kv_len,
+    ``True`` appended; the kv_len pointer int32, 4-byte aligned), never the Hopper kernel, and plans
+    apart from the call without it; the backward takes ``needs`` with kv_len's entry (False)."""
+    B, H, Hkv, Tq, Tk = shape
+    q, k, v = heads(B, H, Tq, D, dtype), heads(B, Hkv, Tk, D, dtype), heads(B, Hkv, Tk, D, dtype)
+    kv_len = torch.tensor([Tk - 3, 1, 0][:B], dtype=torch.int32)
+    seen = compiled_kernels(monkeypatch)
+    with _compile.compiling_only():
+        out, cache = attention(q, k, v, kv_len, causal, D ** -0.5)
+        assert [name for name, _ in seen] == ["_fwd_factory"], seen
+        with_len = seen[0][1]
+        seen.clear()
+        attention(q, k, v, None, causal, D ** -0.5)  # the same operands without kv_len: a plan of its own
+        without = seen[0][1]
+        grads = attention_backward(torch.zeros(out.shape, dtype=dtype), cache, (True, True, True, False), causal,
+                                   D ** -0.5)
+    assert out.shape == (B, H, Tq, D) and cache[4].shape == (B, H, Tq) and cache[4].dtype == torch.float32
+    assert all(g.shape == t.shape for g, t in zip(grads, (q, k, v)))
+    Dp = -(-D // 32) * 32
+    mode = "mma16" if dtype != torch.float32 else "3xtf32"
+    assert with_len[:4] == (dtype, mode, Dp, causal) and with_len[-1] is True and len(with_len) == 6, with_len
+    if seen[0][0] == "_fwd_factory":
+        assert without == with_len[:5]
+    else:  # 16-bit D = 128: the Hopper kernel without kv_len
+        assert dtype != torch.float32 and D == 128 and seen[0][0] == "_AttentionFwdSm90", seen
+
+
+def test_kv_len_never_takes_the_hopper_kernel(monkeypatch):
+    """Even where ``sm90_supports`` says yes (patched to always: 16-bit D = 64 as on an H100), kv_len
+    goes to the mma.sync forward; a kv_len pointer of another dtype is refused by the compiled kernel."""
+    monkeypatch.setattr(cute_attention, "sm90_supports", lambda *args: True)
+    monkeypatch.setattr(cute_attention, "attention_fwd_sm90", lambda *args, **kw: pytest.fail("sm90 kernel"))
+    fresh_plans(monkeypatch, cute_attention, "_forward_plan")
+    seen = compiled_kernels(monkeypatch)
+    q = heads(2, 2, 20, 64, torch.float16)
+    with _compile.compiling_only():
+        attention(q, q, q, torch.tensor([7, 20], dtype=torch.int32), True, 0.125)
+        assert [(name, key[-1]) for name, key in seen] == [("_fwd_factory", True)], seen
+        plan = cute_attention._forward_plan(*(_compile.Operand.of(q),) * 3, True, True, 0.125,
+                                            tuning.launch("attention"), *cute_attention._facts(q))
+        assert not plan.sm90 and plan.key[-1] is True
+        with pytest.raises(ValueError, match="pointer to Int32"):
+            attention(q, q, q, torch.tensor([7, 20], dtype=torch.int64), True, 0.125)
 
 
 def test_tf32_mode_and_partial_gradients(monkeypatch, tf32):
@@ -346,7 +403,7 @@ def test_empty_sequences_launch_nothing(monkeypatch):
     seen = compiled_kernels(monkeypatch)
     q, k = torch.zeros(1, 2, 5, 16), torch.zeros(1, 1, 0, 16)
     with _compile.compiling_only():
-        out, cache = attention(q, k, k, True, 0.25)
+        out, cache = attention(q, k, k, None, True, 0.25)
         dq, dk, dv = attention_backward(torch.ones(out.shape), cache, (True, True, True), True, 0.25)
     assert not seen
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(dq, torch.zeros_like(q))
@@ -362,7 +419,7 @@ def test_empty_sequences_launch_nothing(monkeypatch):
 def test_unsupported_head_dims(D, dtype, message):
     q = torch.zeros(1, 2, 3, D, dtype=dtype)
     with pytest.raises(ValueError, match=message):
-        attention(q, q, q, False, 1.0)
+        attention(q, q, q, None, False, 1.0)
 
 
 # ----------------------------------------------------------------------------- TF32 A operand from registers

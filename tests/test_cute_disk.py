@@ -169,7 +169,7 @@ def test_every_kernel_is_named_apart(monkeypatch):
         softmax.softmax(x, 1)
         gemm(x, x.T, None, 1.0, 0.0, torch.zeros(8, 8, dtype=torch.bfloat16))
         q = torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)
-        attention.attention(q, q, q, True, 0.125)
+        attention.attention(q, q, q, None, True, 0.125)
         linear_cross_entropy.linear_cross_entropy(x, torch.zeros(96, 64, dtype=torch.bfloat16),
                                                   torch.zeros(8, dtype=torch.long), None, -100, "mean", True, False)
     slots = [_compile._slot(0, None)]

@@ -93,8 +93,11 @@ def _forward_args(op, backend, grad=True):
         "swiglu": [(t(3, 5), t(3, 5))],
         "embedding": [(torch.tensor([[1, 3], [3, 0]], device=DEVICE), t(6, 4))],
         "rope": [(t(2, 3, 4, 6), None, 10000.0), (t(3, 4), torch.tensor([5, 0, 2], device=DEVICE), 500.0)],
-        "attention": [(t(1, 2, 4, 8), t(1, 1, 5, 8), t(1, 1, 5, 8), True, 0.35),
-                      (t(2, 2, 3, 4), t(2, 2, 3, 4), t(2, 2, 3, 4), False, 0.5)],
+        "attention": [(t(1, 2, 4, 8), t(1, 1, 5, 8), t(1, 1, 5, 8), None, True, 0.35),
+                      (t(2, 2, 3, 4), t(2, 2, 3, 4), t(2, 2, 3, 4), None, False, 0.5),
+                      # a static KV cache (inference only: no gradient)
+                      (plain(2, 2, 1, 8), plain(2, 1, 5, 8), plain(2, 1, 5, 8),
+                       torch.tensor([3, 0], dtype=torch.int32, device=DEVICE), False, 0.35)],
     }
     return [(*args, backend) for args in cases[op]]
 
@@ -299,7 +302,7 @@ OP_BAD = {
                    lambda t, b: blas.layer_norm(t(3, 8), t(7), backend=b)),
     "add_rms_norm": (lambda t, b: (t(3, 8), t(3, 7), None, 1e-6, b),
                      lambda t, b: blas.add_rms_norm(t(3, 8), t(3, 7), backend=b)),
-    "attention": (lambda t, b: (t(1, 3, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), False, 0.5, b),
+    "attention": (lambda t, b: (t(1, 3, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), None, False, 0.5, b),
                   lambda t, b: blas.attention(t(1, 3, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), scale=0.5, backend=b)),
 }
 

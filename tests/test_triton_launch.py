@@ -221,7 +221,7 @@ def test_attention_tunes_once_per_doubling_of_the_lengths(monkeypatch):
     q = torch.randn(1, 2, 1, 16, device=device)
     for Tk, runs in [(9, 1), (13, 1), (16, 1), (17, 2), (31, 2)]:
         k, v = torch.randn(2, 1, 2, Tk, 16, device=device).unbind(0)
-        out, _ = triton_attention.attention(q, k, v, False, 0.25)
+        out, _ = triton_attention.attention(q, k, v, None, False, 0.25)
         torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25),
                                    rtol=1e-4, atol=1e-4)
         assert len(tuned) == runs, (Tk, len(tuned))

@@ -80,7 +80,7 @@ def test_attention_override(keys):
 
     def hopper_keys():
         keys.clear()
-        out, cache = attention.attention(q, q, q, True, 0.1)
+        out, cache = attention.attention(q, q, q, None, True, 0.1)
         attention.attention_backward(q, cache, (True, True, True), True, 0.1)
         return [key for name, key in keys if name.endswith("Sm90")]
 

@@ -55,7 +55,7 @@ def steps():
                     q, k, v, causal=True, backend=name)
                 fns[f"{name} blas.attention (no grad)"] = lambda name=name: kcourse.blas.attention(
                     qd, kd, vd, causal=True, backend=name)
-                fns[f"{name} backend function"] = lambda module=module: module.attention(qd, kd, vd, True, 0.1)
+                fns[f"{name} backend function"] = lambda module=module: module.attention(qd, kd, vd, None, True, 0.1)
             fns["sdpa (autograd)"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
         original = autograd.resolve_kernel
         autograd.resolve_kernel = lambda op, backend: stub if backend == "stub" else original(op, backend)
@@ -90,7 +90,7 @@ def main():
         for name in ("triton", "cute"):
             module = __import__(f"kcourse.blas.{name}.attention", fromlist=["attention"])
             calls[name] = lambda name=name: kcourse.blas.attention(q, k, v, causal=causal, backend=name)
-            kernels[name] = lambda module=module: module.attention(q.detach(), k.detach(), v.detach(), causal,
+            kernels[name] = lambda module=module: module.attention(q.detach(), k.detach(), v.detach(), None, causal,
                                                                    D ** -0.5)
         row = {"causal": causal}
         for name in calls:

@@ -31,7 +31,7 @@ def kernels(name):
         from kcourse.blas.triton import attention as module
     else:
         from kcourse.blas.cute import attention as module
-    return module.attention, lambda dout, q, k, v, cache, *a: module.attention_backward(dout, cache, (True,) * 3, *a)
+    return lambda q, k, v, *a: module.attention(q, k, v, None, *a), lambda dout, q, k, v, cache, *a: module.attention_backward(dout, cache, (True,) * 3, *a)
 
 
 def call(name, q, k, v, causal, direction):

@@ -132,7 +132,7 @@ def launch_rows(rounds):
         A.launch_tuned = launches["direct"]
         qd, kd, vd, od = (t.detach() for t in (q, k, v, out))
         cache = (qd, kd, vd, od, out.grad_fn.saved_tensors[4])
-        for direction, kernel in (("fwd", lambda: A.attention(qd, kd, vd, causal, D ** -0.5)),
+        for direction, kernel in (("fwd", lambda: A.attention(qd, kd, vd, None, causal, D ** -0.5)),
                                   ("bwd", lambda: A.attention_backward(dout, cache, (True, True, True), causal,
                                                                        D ** -0.5))):
             kernel()
@@ -148,7 +148,7 @@ def step_rows():
     from kcourse.blas.triton import _launch
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     qd, kd, vd = (t.detach() for t in (q, k, v))
-    out, (_, _, _, _, lse) = A.attention(qd, kd, vd, True, 0.125)
+    out, (_, _, _, _, lse) = A.attention(qd, kd, vd, None, True, 0.125)
     descriptors = A.tma_descriptors(qd, kd, vd, out)
     args = (1, 128, 128, 0.125 * A.LOG2E.value)
     meta = A._meta(qd)
@@ -163,7 +163,7 @@ def step_rows():
     steps = {
         "blas.attention (autograd)": lambda: kcourse.blas.attention(q, k, v, causal=True, backend="triton"),
         "blas.attention (no grad)": lambda: kcourse.blas.attention(qd, kd, vd, causal=True, backend="triton"),
-        "backend attention()": lambda: A.attention(qd, kd, vd, True, 0.125),
+        "backend attention()": lambda: A.attention(qd, kd, vd, None, True, 0.125),
         "check_attention": lambda: _check.check_attention("triton", qd, kd, vd, True, None),
         "two torch.empty": lambda: (torch.empty_like(qd), torch.empty((1, 1, 128), device="cuda")),
         "tma_descriptors (4)": lambda: A.tma_descriptors(qd, kd, vd, out),
@@ -213,7 +213,7 @@ def main():
         qd, kd, vd = (t.detach() for t in (q, k, v))
         scale = D ** -0.5
         run = lambda: kcourse.blas.attention(q, k, v, causal=causal, backend="triton")
-        kernel = lambda: A.attention(qd, kd, vd, causal, scale)
+        kernel = lambda: A.attention(qd, kd, vd, None, causal, scale)
         run()  # autotunes
         row = {"causal": causal, "config": str(A.attention_fwd_tma_kernel.best_config)
                if A.use_tma(qd, causal) else str(A.attention_fwd_kernel.best_config)}

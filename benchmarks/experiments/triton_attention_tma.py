@@ -87,7 +87,7 @@ def main_backward(out_path):
                 scale = 1 / math.sqrt(D)
                 leaves = [t.clone().requires_grad_() for t in (q, k, v)]
                 o = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
-                cache = A.attention(q, k, v, causal, scale)[1]
+                cache = A.attention(q, k, v, None, causal, scale)[1]
                 fns = {"sdpa": lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)}
                 fns.update({name: (lambda t=t: backward(dout, cache, causal, scale, *t)) for name, t in variants.items()})
                 expected = fns["pointer"]()
@@ -125,7 +125,7 @@ def main_backward_sweep(out_path):
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, H, T, D, device="cuda", dtype=dt) for _ in range(4))
                 scale = 1 / math.sqrt(D)
-                cache = A.attention(q, k, v, causal, scale)[1]
+                cache = A.attention(q, k, v, None, causal, scale)[1]
                 fns = {"shipped": lambda: backward(dout, cache, causal, scale, True, True),
                        "swept": lambda: backward(dout, cache, causal, scale, True, True, sweep["dq"], sweep["dkdv"])}
                 expected = fns["shipped"]()
@@ -184,7 +184,7 @@ def main():
             def ours(tma):
                 A.USE_TMA = tma
                 try:
-                    return A.attention(q, k, v, causal, scale)[0]
+                    return A.attention(q, k, v, None, causal, scale)[0]
                 finally:
                     A.USE_TMA = True
 

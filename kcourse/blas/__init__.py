@@ -350,14 +350,27 @@ def rope(x, base=10000.0, positions=None, backend=None):
     return call("rope", x, positions, p["base"], name)[0]
 
 
-def attention(q, k, v, causal=False, scale=None, backend=None):
-    """``softmax(q k^T * scale [+ causal mask]) v`` for q ``(B, H, Tq, D)``, k and v ``(B, Hkv, Tk, D)``.
+def attention(q, k, v, causal=False, scale=None, kv_len=None, backend=None):
+    """``softmax(q k^T * scale [+ mask]) v`` for q ``(B, H, Tq, D)``, k and v ``(B, Hkv, Tk, D)``.
 
     Grouped-query when ``H`` is a multiple of ``Hkv`` (query head ``h`` reads kv head
     ``h // (H / Hkv)``); ``scale`` defaults to ``D^-1/2``; ``causal`` lets query ``i`` see keys
     ``j <= i`` (top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``).
+
+    ``kv_len`` (int32 or int64, ``(B,)``, on q's device) hides the keys ``j >= kv_len[b]`` of batch
+    row ``b`` as well (a value above Tk shows all Tk keys, one of 0 or below none): a static KV
+    cache of Tk positions of which the first ``kv_len[b]`` are written. The lengths are read on the
+    device, never by the host, so a CUDA graph can replay the call as the cache grows. A query that
+    sees no key gets 0. Inference only: with ``kv_len`` no input may need a gradient.
     """
     name = backend_for("attention", backend)
     q, k, v = autocast_inputs("attention", q, k, v)
-    p = _validated(_check.check_attention, name, q, k, v, causal, scale)
-    return call("attention", q, k, v, p["causal"], p["scale"], name)[0]
+    p = _validated(_check.check_attention, name, q, k, v, kv_len, causal, scale)
+    if kv_len is not None:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise ValueError(f"attention: kv_len is for inference (a KV cache) and has no backward, but q {tuple(q.shape)}, "
+                             f"k or v {tuple(k.shape)} requires a gradient; call it under torch.no_grad() or "
+                             "without kv_len")
+        if kv_len.dtype != torch.int32 or not kv_len.is_contiguous():
+            kv_len = kv_len.to(torch.int32).contiguous()
+    return call("attention", q, k, v, kv_len, p["causal"], p["scale"], name)[0]

@@ -595,10 +595,18 @@ def check_rope(backend, x, base, positions):
     return {"base": base}
 
 
-def check_attention(backend, q, k, v, causal, scale):
+def check_attention(backend, q, k, v, kv_len, causal, scale):
     op = "attention"
     tensor(op, "q", q, (4,)), tensor(op, "k", k, (4,)), tensor(op, "v", v, (4,))
     B, H, Tq, D = q.shape
+    if kv_len is not None:
+        if not isinstance(kv_len, torch.Tensor):
+            raise TypeError(f"{op}: kv_len must be None or a torch.Tensor, got {type(kv_len).__name__}")
+        if kv_len.dtype not in (torch.int32, torch.int64) or kv_len.shape != (B,):
+            raise ValueError(f"{op}: kv_len is {kv_len.dtype} of shape {shape(kv_len)}; it must be int32 or int64 "
+                             f"of shape (B,) = ({B},), one key count per batch row of q {shape(q)}")
+        if kv_len.device != q.device:
+            raise ValueError(f"{op}: kv_len is on {kv_len.device} and q on {q.device}; they must share a device")
     if k.shape != v.shape:
         raise ValueError(f"{op}: k is {shape(k)} and v is {shape(v)}; they must have the same shape")
     Bk, Hkv, Tk, Dk = k.shape

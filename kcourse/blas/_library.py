@@ -635,6 +635,8 @@ class Primitive:
     #                                         computed once, as j's, and returned for both
     spends_cache: bool = False  # eagerly, the backward kernel may return its saved extras, overwritten
     #                             (``in_place=True``): no second copy of gradients the forward computed
+    inference_only: tuple[str, ...] = ()  # inputs that, when given, leave the op without a backward
+    #                                       (attention's kv_len): a gradient through it is refused
 
     @functools.cached_property  # read on every call: parsed once
     def input_names(self) -> list[str]:
@@ -683,7 +685,7 @@ def _embedded(indices, weight):
     return weight.new_empty((*indices.shape, weight.shape[1]))
 
 
-def _attention_lse(q, k, v, causal, scale):
+def _attention_lse(q, k, v, kv_len, causal, scale):
     return [q.new_empty(q.shape[:3], dtype=_acc_dtype(q))]
 
 
@@ -770,10 +772,10 @@ PRIMITIVES: dict[str, Primitive] = {
     "rope": Primitive("Tensor x, Tensor? positions", "float base",
                       lambda b, x, pos, p: _check.check_rope(b, x, p["base"], pos), _like,
                       saved=("positions",), grads=("dout", None)),
-    "attention": Primitive("Tensor q, Tensor k, Tensor v", "bool causal, float scale",
-                           lambda b, q, k, v, p: _check.check_attention(b, q, k, v, **p), _dense,
-                           saved=("q", "k", "v", "out"), extras=_attention_lse, grads=("q", "k", "v"),
-                           strided_dout=True),
+    "attention": Primitive("Tensor q, Tensor k, Tensor v, Tensor? kv_len", "bool causal, float scale",
+                           lambda b, q, k, v, kv_len, p: _check.check_attention(b, q, k, v, kv_len, **p), _dense,
+                           saved=("q", "k", "v", "out"), extras=_attention_lse, grads=("q", "k", "v", None),
+                           strided_dout=True, inference_only=("kv_len",)),
 }
 
 # The pytorch backend's attention keeps only q, k, v: its backward recomputes SDPA's forward.
@@ -842,6 +844,7 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         n = len(spec.input_names)
         named = dict(zip(spec.input_names, inputs[:n]), **dict(zip(spec.outs, output)))
         ctx.n, ctx.args = n, inputs[n:]
+        ctx.refused = [name for name in spec.inference_only if named[name] is not None]
         ctx.save_for_backward(*(named[name] for name in _saved(op, inputs[-1])), *output[k:])
         ctx.mark_non_differentiable(*output[k:])
         ctx.set_materialize_grads(False)  # no zeros made for the extras' gradients
@@ -851,6 +854,9 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         rest = [None] * len(ctx.args)
         if not any(needs) or all(g is None for g in grads[:k]):
             return (*[None] * ctx.n, *rest)
+        if ctx.refused:
+            raise ValueError(f"{op}: a call with {ctx.refused[0]} has no backward (inference only); differentiate "
+                             f"a call without {ctx.refused[0]}")
         dout = grads[0] if grads[0] is not None else torch.zeros_like(grads[1])  # only h used: the norm's is 0
         dout = dout if spec.strided_dout else dout.contiguous()
         more = [None if g is None else g.contiguous() for g in grads[1:k]]

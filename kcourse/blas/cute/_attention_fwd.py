@@ -5,6 +5,11 @@ Math (per batch b, query head h, its kv head g = h // (H / Hkv), c = scale; docs
     S = c q k^T (Tq, Tk)    P = softmax_rows(S) (causal: key j visible to query i iff j <= i)
     out = P v (Tq, D)       lse_i = log sum_j exp S_ij  (float32, saved for the backward)
 
+With kv_len (an int32 (B,) tensor, a KV cache of Tk slots of which batch b fills the first
+kv_len[b]), batch b sees only keys j < L_b = clamp(kv_len[b], 0, Tk), beside the causal mask (still
+top-left aligned). L_b is read by the kernel, never by the host: one launch serves every length (a
+CUDA graph replays it as the cache grows). A row that sees no key (L_b = 0) gets out = 0, lse = -inf.
+
 FLOPs 4 B H Tq Tk D (about half of it with the causal mask); bytes, at least, (2 B H Tq D + 2 B Hkv
 Tk D) * itemsize + 4 B H Tq for lse. S and P never reach device memory.
 
@@ -16,15 +21,18 @@ COLS keys at a time, loaded with ``cp.async`` (16-byte vectors where the strides
 previous tile is being multiplied. Per key tile:
 
     S   = Q K^T * c log2(e)          (ROWS, COLS) float32 in registers (mma.sync, "ss": A and B from smem)
-    mask: S = -inf where key >= Tk, or (causal) key > query   (only in the tiles that need it)
+    mask: S = -inf where key >= L, or (causal) key > query   (only in the tiles that need it)
     m'  = max(m, rowmax S)           running row max, in log2 units
     P   = exp2(S - m')               alpha = exp2(m - m')
     l   = alpha l + rowsum P         O = alpha O + P V    ("rs": A = P straight from registers)
 
 and at the end out = O / l, lse = (m + log2 l) ln 2. Each warp owns 16 (or 32) whole rows of S, so a
 row max or row sum needs only the 4 lanes of a quad (two butterfly shuffles), never shared memory.
-The keys are walked from 0 upwards, so every row has seen key 0 (visible to every query) after the
-first tile and its max is finite from then on. Tiles every row sees in full run without the mask.
+L is Tk, or with kv_len the CTA's L_b (loaded once, clamped): the key tiles run up to ceil(L / COLS)
+(causal: ceil(min(row0 + ROWS, L) / COLS)), and key rows past L are never loaded. The keys are walked
+from 0 upwards, so every row has seen key 0 (visible to every query where L >= 1) after the first
+tile and its max is finite from then on; L = 0 runs no tile, and l = 0 gives out = 0 and (kv_len's
+kernel says so explicitly) lse = -inf. Tiles every row sees in full run without the mask.
 CTAs of the last query tiles start first (``block_idx.x`` reversed): under the causal mask they are
 the longest.
 
@@ -57,13 +65,15 @@ different, and the transposed (permuted) reads hit 8 t + g.
 
 Head dim: the kernels are compiled for Dp = D rounded up to a multiple of 32 (32, 64, 96, 128);
 columns D..Dp are never loaded (their shared memory is zeroed once), so they add zeros to every
-product. Sequence tails: rows past T are never loaded either; they hold zeros or a previous tile's
-(finite) rows, which the masks (forward, dQ) or lse = +inf (dK, dV) turn into exact zeros.
+product. Sequence tails: rows past T (the forward's keys: past L) are never loaded either; they hold
+zeros or a previous tile's (finite) rows, which the masks (forward, dQ) or lse = +inf (dK, dV) turn
+into exact zeros (a KV cache's unfilled slots are never read, whatever they hold).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 
@@ -437,20 +447,23 @@ def softmax_tile(S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alp
         row_max[r] = m_new
 
 
-def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
-    """The forward host function. Key: dtype, math mode, padded head dim, causal, gmem vector width."""
+def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int, has_kv_len: bool = False):
+    """The forward host function. Key: dtype, math mode, padded head dim, causal, gmem vector width,
+    and ``True`` appended where the call passes kv_len (its pointer, else None)."""
     dtype = DTYPES[dtype_t]
     ROWS, COLS = tile_shape("fwd", math_mode, Dp)
 
     @cute.kernel
     def kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               group: Int32, scale_log2: Float32):
-        # mQ, mO (Tq, D, H, B); mK, mV (Tk, D, Hkv, B); mLSE (Tq, H, B) float32
+               mLen: Optional[cute.Tensor], group: Int32, scale_log2: Float32):
+        # mQ, mO (Tq, D, H, B); mK, mV (Tk, D, Hkv, B); mLSE (Tq, H, B) float32; mLen (B,) int32 or None
         t = Tiles.make(dtype, math_mode, Dp, ROWS, COLS, vec)
         tidx, _, _ = cute.arch.thread_idx()
         bx, h, b = cute.arch.block_idx()
         Tq, D = mQ.shape[0], mQ.shape[1]
-        Tk = mK.shape[0]
+        Tk = mK.shape[0]  # from here on: the keys this batch row sees, kv_len[b] clamped to [0, Tk]
+        if cutlass.const_expr(has_kv_len):
+            Tk = cutlass.min(cutlass.max(mLen[b], Int32(0)), Tk)
         m_block = cute.ceil_div(Tq, ROWS) - 1 - bx  # the last (longest causal) query tiles first
         row0 = m_block * ROWS
         hk = h // group
@@ -517,7 +530,7 @@ def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
             t.gemm_rs(acc_o, acc_s, op_vt, stage)
             cute.arch.sync_threads()  # every warp is done with this stage before it is refilled
 
-        # ---- out = O / l, lse = (m + log2 l) ln 2
+        # ---- out = O / l, lse = (m + log2 l) ln 2 (a row that saw no key, kv_len[b] = 0: out 0, lse -inf)
         lane = tidx % 32
         for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
             l = quad_sum(row_sum[r])
@@ -526,13 +539,16 @@ def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
             row = row0 + cS[r, 0][0]
             if lane % 4 == 0:  # the quad's lanes hold the same row: one writes it
                 if row < Tq:
-                    mLSE[row, h, b] = (row_max[r] + cute.math.log2(l)) * LN2
+                    lse = (row_max[r] + cute.math.log2(l)) * LN2
+                    if cutlass.const_expr(has_kv_len):  # (-inf + log2 0 is -inf already; not left to log2)
+                        lse = -Float32.inf if l == 0.0 else lse
+                    mLSE[row, h, b] = lse
         gO = cute.local_tile(mO[None, None, h, b], (ROWS, Dp), (m_block, 0))
         store_tile(t, tidx, acc_o, sQ[None, None, 0], gO, cQ, (Tq, D))
 
     @cute.jit
     def host(pq: cute.Pointer, pk: cute.Pointer, pv: cute.Pointer, po: cute.Pointer, plse: cute.Pointer,
-             B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32, D: Int32,
+             plen: Optional[cute.Pointer], B: Int32, H: Int32, Hkv: Int32, Tq: Int32, Tk: Int32, D: Int32,
              sq_b: Int64, sq_h: Int64, sq_t: Int64, sk_b: Int64, sk_h: Int64, sk_t: Int64,
              sv_b: Int64, sv_h: Int64, sv_t: Int64, so_b: Int64, so_h: Int64, so_t: Int64,
              scale_log2: Float32, stream_: cuda.CUstream):
@@ -541,7 +557,10 @@ def _fwd_factory(dtype_t, math_mode: str, Dp: int, causal: bool, vec: int):
         mV = head_tensor(pv, Tk, D, Hkv, B, sv_t, sv_h, sv_b, vec)
         mO = head_tensor(po, Tq, D, H, B, so_t, so_h, so_b, vec)
         mLSE = row_tensor(plse, Tq, H, B)
-        kernel(mQ, mK, mV, mO, mLSE, H // Hkv, scale_log2).launch(
+        mLen = None
+        if cutlass.const_expr(has_kv_len):
+            mLen = cute.make_tensor(plen, cute.make_layout(B))
+        kernel(mQ, mK, mV, mO, mLSE, mLen, H // Hkv, scale_log2).launch(
             grid=[cute.ceil_div(Tq, ROWS), H, B], block=[THREADS, 1, 1], stream=stream_)
 
     return host

@@ -6,6 +6,12 @@ mask (query i sees keys j <= i, top-left aligned, also when Tq != Tk, as SDPA's 
 
     S = c q k^T  (Tq, Tk)     P = softmax_rows(S)     out = P v  (Tq, D)     lse_i = log sum_j exp S_ij
 
+``kv_len`` (None, or an int32 contiguous (B,) tensor on q's device: a KV cache of Tk slots of which
+batch b holds kv_len[b]) hides keys j >= clamp(kv_len[b], 0, Tk) from every query of batch b, beside
+the causal mask; a row that sees no key gets out = 0, lse = -inf. The mma.sync forward reads it on
+the device (no host sync: a CUDA graph captures one launch for every length); the Hopper kernels do
+not take it, and there is no backward with it (the op refuses gradients).
+
 Backward, with dO = dout and delta_i = sum_d dO_id out_id:
 
     dV = P^T dO     dP = dO v^T     dS = P * (dP - delta)     dQ = c dS k     dK = c dS^T q
@@ -24,9 +30,10 @@ their docstrings have the details):
     dQ summed across key tiles in float32 by bulk reductions (the copy engine's atomic adds in L2),
     so dq's last bits vary from run to run. Under
     ``torch.use_deterministic_algorithms(True)`` the backward takes the mma.sync kernels instead.
-  - forward otherwise: one CTA of 4 warps per (query tile, query head, batch); K, V tiles stream
-    through a two-stage cp.async ring; S = Q K^T and O += P V on mma.sync with P kept in registers;
-    online softmax with the row max and sum in registers (quad shuffles); out and lse at the end.
+  - forward otherwise, and every forward with kv_len: one CTA of 4 warps per (query tile, query head,
+    batch); K, V tiles stream through a two-stage cp.async ring; S = Q K^T and O += P V on mma.sync
+    with P kept in registers; online softmax with the row max and sum in registers (quad shuffles);
+    out and lse at the end.
   - backward otherwise: delta = rowsum(dO * out); dK, dV per key tile (the group's query heads summed
     by a loop, no atomics); dQ per query tile. Deterministic: no atomics anywhere.
 The cache is ``(q, k, v, out, lse)`` as the triton backend's, with q, k, v the tensors the kernels
@@ -53,9 +60,9 @@ the Hopper backward reads it in place through its strides (TMA and the preproces
 kernels take a contiguous copy. out, dq, dk and dv are new contiguous tensors.
 
 Compile keys (``_compile``): the mma.sync forward, dK/dV and dQ each (dtype, math mode, padded head
-dim, causal, vector width); delta (dtype, padded head dim, vector width); the Hopper kernels as their
-modules say. Batch, heads, sequence lengths, the
-real head dim, strides and the scale are runtime arguments.
+dim, causal, vector width), the forward's with ``True`` appended where kv_len is given; delta (dtype,
+padded head dim, vector width); the Hopper kernels as their modules say. Batch, heads, sequence
+lengths, the real head dim, strides, the scale and kv_len's values are runtime arguments.
 """
 from __future__ import annotations
 
@@ -200,10 +207,11 @@ class _Forward(NamedTuple):
 
 
 @_compile.plan_cache
-def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float, launch: Launch, arch: str,
-                  device: int, mode: str) -> _Forward | None:
+def _forward_plan(q: Operand, k: Operand, v: Operand, has_kv_len: bool, causal: bool, scale: float, launch: Launch,
+                  arch: str, device: int, mode: str) -> _Forward | None:
     """The forward's plan for operands laid out as q, k, v (None: nothing to compute, no query or no
-    key) under the op's table ``launch``. ``arch``, ``mode``: ``_compile.target()`` and ``_math_mode``,
+    key) under the op's table ``launch``; ``has_kv_len``: the call passes kv_len (the mma.sync kernel
+    compiled for it, whatever its values). ``arch``, ``mode``: ``_compile.target()`` and ``_math_mode``,
     which the planning reads too."""
     Dp = _padded_head_dim(q)
     B, H, Tq, D = q.shape
@@ -214,19 +222,23 @@ def _forward_plan(q: Operand, k: Operand, v: Operand, causal: bool, scale: float
     read, vec = _readable(q, k, v)
     copies = tuple(r is not t for r, t in zip(read, (q, k, v)))
     q, k, v = read
-    if sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
+    if not has_kv_len and sm90_supports(q, k, v, scale):  # Hopper, 16-bit, D = 64 or 128: TMA + WGMMA
         key, numbers, walk = sm90_plan(q, k, v, causal, scale, sm_count_of(device), launch)
         return _Forward(copies, True, key, 16, numbers, walk)
     out = Operand.new((B, H, Tq, D), q.dtype)
     vec = min(vec, _vec([out]))
     numbers = (B, H, Hkv, Tq, Tk, D, *_strides(q), *_strides(k), *_strides(v), *_strides(out), scale * LOG2E)
-    return _Forward(copies, False, (q.dtype, mode, Dp, causal, vec), vec * q.element_size(), numbers, None)
+    key = (q.dtype, mode, Dp, causal, vec) + ((True,) if has_kv_len else ())
+    return _Forward(copies, False, key, vec * q.element_size(), numbers, None)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor | None, causal: bool,
+              scale: float):
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32. ``kv_len``:
+    None, or an int32 contiguous (B,) tensor on q's device, read by the kernel (never on the host)."""
     table = tuning.launch("attention")
-    plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), causal, scale, table, *_facts(q))
+    plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), kv_len is not None, causal, scale, table,
+                         *_facts(q))
     B, H, Tq, D = q.shape
     out = q.new_empty((B, H, Tq, D))
     lse = q.new_empty((B, H, Tq), dtype=torch.float32)
@@ -239,7 +251,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     else:
         align = plan.align
         launch(_fwd_factory, plan.key, pointer(q, align), pointer(k, align), pointer(v, align), pointer(out, align),
-               pointer(lse, 4), *plan.numbers, stream_of(q))
+               pointer(lse, 4), None if kv_len is None else pointer(kv_len, 4), *plan.numbers, stream_of(q))
     return out, (q, k, v, out, lse)
 
 

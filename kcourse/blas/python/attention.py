@@ -5,6 +5,7 @@ k and v are repeated to H heads, and every (batch, head) becomes one matrix of a
 
     S     = gemm(q, k^T, alpha=scale)          (B*H, Tq, Tk)
     S_ij  = -inf where j > i                   (causal, top-left aligned)
+    S_ij  = -inf where j >= kv_len[b]          (with kv_len: batch row b's keys past its length)
     lse_i = log sum_j exp(S_ij)                (B*H, Tq)
     P     = exp(S - lse)                       the softmax
     out   = gemm(P, v)                         (B*H, Tq, D)
@@ -30,24 +31,32 @@ def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
     return acc(t).repeat_interleave(H // Hkv, dim=1).reshape(B * H, T, D)
 
 
-def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float, kv_len=None) -> torch.Tensor:
     s = blas.gemm(q3, k3.mT, alpha=scale, backend="python")  # (B*H, Tq, Tk)
     if causal:
         above = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(diagonal=1)  # key j > query i
         s = s.masked_fill(above, float("-inf"))
+    if kv_len is not None:
+        Tk = s.shape[-1]
+        past = torch.arange(Tk, device=s.device) >= kv_len[:, None]  # (B, Tk): key j past row b's length
+        s = s.masked_fill(past.repeat_interleave(s.shape[0] // kv_len.shape[0], dim=0)[:, None, :], float("-inf"))
     return s
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
     B, H, Tq, D = q.shape
     q3, k3, v3 = acc(q).reshape(B * H, Tq, D), _heads(k, H), _heads(v, H)
-    s = _scores(q3, k3, causal, scale)  # (B*H, Tq, Tk)
+    s = _scores(q3, k3, causal, scale, kv_len)  # (B*H, Tq, Tk)
     if s.shape[-1]:
         m = s.amax(dim=-1, keepdim=True)  # subtracting the row max: no overflow
         lse = m + (s - m).exp().sum(dim=-1, keepdim=True).log()  # (B*H, Tq, 1)
     else:
         lse = s.new_full((B * H, Tq, 1), float("-inf"))
-    out = blas.gemm((s - lse).exp(), v3, backend="python")  # (B*H, Tq, D)
+    p = (s - lse).exp()  # (B*H, Tq, Tk)
+    if kv_len is not None:  # the rows of a batch row with no key (kv_len <= 0): lse -inf, P 0
+        none = (kv_len <= 0).repeat_interleave(H)[:, None, None]  # (B*H, 1, 1)
+        lse, p = lse.masked_fill(none, float("-inf")), p.masked_fill(none, 0.0)
+    out = blas.gemm(p, v3, backend="python")  # (B*H, Tq, D)
     out = out.reshape(B, H, Tq, D).to(q.dtype)
     return out, (q, k, v, out, lse.reshape(B, H, Tq))
 

@@ -9,6 +9,9 @@ h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij 
 and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
 q, k, v, so the forward pays nothing for it; the backward pays a second forward).
 
+``kv_len`` (the keys of batch row b past kv_len[b] hidden) becomes a boolean mask for SDPA; a
+batch row with no key gets zeros (SDPA's NaN rows replaced). It never reaches the backward.
+
 ``scale`` NaN: every score is NaN, so by the formula every output and every gradient is NaN (the
 other backends' answer); SDPA returns zeros instead, so that case does not reach it. (With
 Tq = 0 or Tk = 0 there is no score: the same empty or zero results as for any scale.)
@@ -38,12 +41,17 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _sdpa(q, k, v, causal, scale):
+def _sdpa(q, k, v, causal, scale, kv_len=None):
     q, k, v = (aligned(t) for t in (q, k, v))
     mask = None
-    if causal and scale <= 0:  # SDPA's is_causal path scales its -inf mask: NaN at scale 0 (0 * -inf), and a
-        # negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
-        mask, causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(), False
+    if (causal and scale <= 0) or kv_len is not None:  # SDPA's is_causal path scales its -inf mask: NaN at
+        # scale 0 (0 * -inf), and a negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
+        Tq, Tk = q.shape[2], k.shape[2]
+        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril() if causal else None  # (Tq, Tk)
+        if kv_len is not None:  # (B, 1, 1, Tk): key j of batch row b visible iff j < kv_len[b]
+            keys = (torch.arange(Tk, device=q.device) < kv_len[:, None])[:, None, None, :]
+            mask = keys if mask is None else keys & mask
+        causal = False
     # a scale of 0 (every score 0: the mean of the visible values) or below: SDPA's fused CUDA kernels
     # give NaN rows in float16 (torch 2.11), its math backend the formula's answer
     with sdpa_kernel(SDPA_BACKENDS if scale > 0 else [SDPBackend.MATH]):
@@ -54,10 +62,15 @@ def _no_scores(q, k) -> bool:
     return q.shape[2] == 0 or k.shape[2] == 0
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
     if math.isnan(scale) and not _no_scores(q, k):
         return torch.full_like(q, math.nan), (q, k, v)  # (B, H, Tq, D)
-    return _sdpa(q, k, v, causal, scale), (q, k, v)
+    if kv_len is None:
+        return _sdpa(q, k, v, causal, scale), (q, k, v)
+    if _no_scores(q, k):
+        return q.new_zeros(q.shape), (q, k, v)
+    out = _sdpa(q, k, v, causal, scale, kv_len)  # a batch row with no key: SDPA's rows of NaN, made 0
+    return out.masked_fill((kv_len <= 0)[:, None, None, None], 0.0), (q, k, v)
 
 
 def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: float):

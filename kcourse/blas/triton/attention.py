@@ -256,14 +256,17 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, stride_kt, stride_kd, stride_vt, stride_v
 
 @_autotune(FWD_CONFIGS)
 @triton.jit
-def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd, svb, svh, svt, svd,
+def attention_fwd_kernel(Q, K, V, O, LSE, KV_LEN, sqb, sqh, sqt, sqd, skb, skh, skt, skd, svb, svh, svt, svd,
                          sob, soh, sot, sod, GROUP, Tq, Tk, qk_scale,
                          CAUSAL: tl.constexpr, NEG_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); lse: (B, H, Tq) float32, contiguous
+                         HAS_KV_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # q, o: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM); lse: (B, H, Tq) float32, contiguous;
+    # with HAS_KV_LEN, kv_len (B,) int32: batch row b sees only its first clamp(kv_len[b], 0, Tk) keys
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest causal rows first
     h, b = tl.program_id(1), tl.program_id(2).to(tl.int64)
+    if HAS_KV_LEN:  # from here on Tk is this batch row's key count
+        Tk = tl.minimum(tl.maximum(tl.load(KV_LEN + b), 0), Tk)
     hk = h // GROUP  # the kv head of query head h
     H = tl.num_programs(1)
     Q, K, V = _head(Q, b, h, sqb, sqh), _head(K, b, hk, skb, skh), _head(V, b, hk, svb, svh)
@@ -279,7 +282,11 @@ def attention_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K, V, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
                                PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, NEG_SCALE)
 
-    _store_rows(_head(O, b, h, sob, soh), acc * (1.0 / l_i)[:, None], rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
+    if HAS_KV_LEN:  # a row of no key (l = 0): out 0, lse -inf
+        acc = acc * (1.0 / tl.where(l_i == 0.0, 1.0, l_i))[:, None]
+    else:
+        acc = acc * (1.0 / l_i)[:, None]
+    _store_rows(_head(O, b, h, sob, soh), acc, rows, Tq, sot, sod, HEAD_DIM, BLOCK_D)
     lse = (m_i + tl.math.log2(l_i)) / LOG2E  # natural log
     tl.store(LSE + (b * H + h) * Tq + rows, lse, mask=rows < Tq)
 
@@ -560,8 +567,9 @@ def _descriptor(t: torch.Tensor, strides) -> TensorDescriptor:
     return descriptor
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32;
+    ``kv_len`` None or (B,) int32 (the pointer kernel reads it: each batch row's key count)."""
     meta = _meta(q)
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
@@ -570,15 +578,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
     args = (H // k.shape[1], Tq, Tk, scale * LOG2E.value)
-    descriptors = tma_descriptors(q, k, v, out) if use_tma(q, causal) else None
-    key = _key(q, Tq, Tk, causal, meta)
+    descriptors = tma_descriptors(q, k, v, out) if kv_len is None and use_tma(q, causal) else None
+    key = (*_key(q, Tq, Tk, causal, meta), kv_len is not None)
     if descriptors is not None:  # Hopper: the tiles move by TMA
         launch_tuned(attention_fwd_tma_kernel, _grid(Tq, B, H, "BLOCK_M"), key,
                      *descriptors, lse, *args, CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
     else:
         launch_tuned(attention_fwd_kernel, _grid(Tq, B, H, "BLOCK_M"), key,
-                     q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *args,
-                     CAUSAL=causal, NEG_SCALE=scale < 0, **meta)
+                     q, k, v, out, lse, lse if kv_len is None else kv_len, *q.stride(), *k.stride(), *v.stride(),
+                     *out.stride(), *args, CAUSAL=causal, NEG_SCALE=scale < 0, HAS_KV_LEN=kv_len is not None, **meta)
     return out, (q, k, v, out, lse)
 
 
