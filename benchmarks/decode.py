@@ -24,6 +24,10 @@ skipped on CUDA, too slow). The modes:
   transformers:dynamic         generate() with its default DynamicCache, eager
   B:eager                      GPT.generate(temperature=0): the prompt into a KVCache, then one
                                token per step, every op through backend B
+  B:graph                      GPT.generate(temperature=0, cuda_graph=True): the prompt eager into a
+                               static cache, then every decode step a replay of one CUDA graph
+                               (kcourse.modules.generate.GraphedStep, kept on the model between
+                               calls as transformers keeps its compiled forward); CUDA only
   B:compile                    the prefill eager, then the decode step (one token through every
                                layer, the head, argmax) under torch.compile(fullgraph=True)
   B:compile-breaks             the same step under torch.compile(fullgraph=False) (not a default
@@ -31,17 +35,16 @@ skipped on CUDA, too slow). The modes:
 transformers' generate always gets do_sample=False, max_new_tokens = min_new_tokens = --new-tokens
 (it never stops early; the models have no EOS token anyway) and an all-ones attention mask. Each
 kcourse mode is compared with the transformers mode of the same kind (``baseline``, ``ratio`` =
-our decode tokens/s over its): eager with static, compile and compile-breaks with static-compile
-(static on the CPU).
+our decode tokens/s over its): eager with static, graph, compile and compile-breaks with
+static-compile (static on the CPU).
 
-The compiled decode step, and why it is not a CUDA graph: the cache is static (per layer one
-``(B, Hkv, max_len, hd)`` buffer), but attention reads its first ``pos + 1`` positions, so the
-attention op's Tk grows by one each step. torch.compile handles that (after a recompile, dynamo's
-automatic dynamic shapes make the length symbolic), a CUDA graph does not: a captured graph replays fixed shapes, so it
-would need one capture per step (kcourse's attention takes no mask, so it cannot attend over the
-whole buffer with the unused positions masked out, as transformers' static cache does). The step
-traces whole (fullgraph=True; tests/test_compile.py); compile-breaks is the same without
-fullgraph, for comparison.
+The compiled decode step reads the cache that GPT.generate uses without ``cuda_graph``: per layer
+one ``(B, Hkv, max_len, hd)`` buffer of which attention reads the first ``pos + 1`` positions, so
+the attention op's Tk grows by one each step. torch.compile handles that (after a recompile,
+dynamo's automatic dynamic shapes make the length symbolic) but runs each op with its host cost.
+The graph mode instead attends over the whole static buffer with the attention op's ``kv_len``
+(read on the device), which a CUDA graph replays. The compiled step traces whole (fullgraph=True;
+tests/test_compile.py); compile-breaks is the same without fullgraph, for comparison.
 
 Method. For each (arch, batch) the prompt is --prompt-len random tokens per row (seeded). Each
 variant's generate runs once untimed (its ``first_call_s``: compiling, autotuning, CUDA graph
@@ -112,8 +115,9 @@ TINY_ARCHS = {"gpt2": dict(activation="gelu_tanh"),
               "llama": dict(activation="swiglu", norm="rmsnorm", pos="rope", bias=False, n_kv_head=2,
                             tie_weights=False, mlp_hidden=96)}
 TRANSFORMERS_MODES = ("static", "static-compile", "dynamic")
-KCOURSE_MODES = ("eager", "compile", "compile-breaks")
-BASELINE = {"eager": "static", "compile": "static-compile", "compile-breaks": "static-compile"}
+KCOURSE_MODES = ("eager", "graph", "compile", "compile-breaks")
+BASELINE = {"eager": "static", "graph": "static-compile", "compile": "static-compile",
+            "compile-breaks": "static-compile"}
 
 
 def config(arch: str, tiny: bool) -> GPTConfig:
@@ -140,6 +144,9 @@ def variant_names(args) -> tuple[list[str], dict[str, str]]:
     if not args.cuda and "transformers:static-compile" in names:
         names.remove("transformers:static-compile")
         skipped["transformers:static-compile"] = "transformers compiles its decode forward only on CUDA"
+    for name in [n for n in names if n.endswith(":graph") and not args.cuda]:
+        names.remove(name)
+        skipped[name] = "CUDA graphs need a GPU"
     return names, skipped
 
 
@@ -161,8 +168,8 @@ def hf_generate(hf, mode: str):
 
 def kcourse_generate(gpt: GPT, mode: str):
     """``gen(prompt, n)``: kcourse's greedy tokens, GPT.generate (eager) or a compiled decode step."""
-    if mode == "eager":
-        return lambda prompt, n: gpt.generate(prompt, n, temperature=0)
+    if mode in ("eager", "graph"):
+        return lambda prompt, n: gpt.generate(prompt, n, temperature=0, cuda_graph=mode == "graph")
 
     def step(tok, cache):  # one token per row through every layer, the head and argmax
         return gpt.lm_head(gpt.hidden_states(tok, cache)[:, -1]).argmax(dim=-1, keepdim=True)

@@ -51,6 +51,50 @@ def _cached_steps(arch):
         assert cache.pos == 10
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_static_cache_steps_equal_the_full_forward(backend, arch):
+    """A static cache: after the prompt, each step reads its positions from the device, writes at them
+    and attends over the whole buffer with kv_len: each step's hidden state is the full forward's."""
+    gpt = model(arch, backend)
+    idx = prompts(T=10)
+    with torch.no_grad():
+        full = gpt.hidden_states(idx)
+        cache = gpt.kv_cache(12, static=True)
+        steps = [gpt.hidden_states(idx[:, :6], cache)]
+        for t in range(6, 10):
+            assert cache.decoding and int(cache.length) == t
+            steps.append(gpt.hidden_states(idx[:, t:t + 1], cache))
+    assert cache.pos == 10 and int(cache.length) == 10 and cache.k[0].shape[2] == 12
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOLERANCE.get(backend, {}))
+
+
+TOLERANCE = {"triton": dict(rtol=1e-4, atol=1e-4), "cute": dict(rtol=1e-4, atol=1e-4)}  # float32 on tensor cores
+
+
+@pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_cuda_graph_decoding_equals_eager(backend, arch):
+    gpt = model(arch, backend, block_size=40)
+    idx = prompts(B=3, T=6)
+    eager = gpt.generate(idx, 20, temperature=0)
+    graphed = gpt.generate(idx, 20, temperature=0, cuda_graph=True)
+    assert torch.equal(graphed, eager)
+    torch.manual_seed(3)
+    sampled = gpt.generate(idx, 8, temperature=0.9, top_k=4, cuda_graph=True)
+    torch.manual_seed(3)
+    assert torch.equal(sampled, gpt.generate(idx, 8, temperature=0.9, top_k=4))
+
+
+def test_cuda_graph_needs_the_cache_and_cuda():
+    gpt = model("gpt2", "pytorch")
+    with pytest.raises(ValueError, match=r"cuda_graph replays decode steps on a static KV cache: it needs "
+                                         r"use_cache=True \(got False\)"):
+        gpt.generate(prompts(), 2, cuda_graph=True, use_cache=False)
+    if not DEVICE.startswith("cuda"):
+        with pytest.raises(ValueError, match=r"and a CUDA model \(idx is on cpu\)"):
+            gpt.generate(prompts(), 2, cuda_graph=True)
+
+
 def test_past_block_size_the_cache_refuses_and_use_cache_false_crops():
     """block_size 12: a 5-token prompt takes 7 new tokens with the cache (the last position fills it);
     8 is an error naming what is wrong; without the cache the context is cropped (nanoGPT)."""

@@ -9,7 +9,8 @@ and reshaping each part would make autograd copy each part once more before conc
 With a ``KVCache`` (see generate.py) the keys and values of earlier positions are read from the
 cache: a prompt fills an empty cache (causal over its own positions), then each token attends to
 every cached position (``Tq = 1``, no mask: the op's causal mask is top-left aligned, so it would
-hide all but the first key).
+hide all but the first key). A static cache (``KVCache(static=True)``) hands over its whole buffer
+and each row's key count (``kv_len``) instead of the written slice.
 """
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ class Attention(Module):
             positions = None if pos == 0 else cache.positions(T)  # None: 0..T-1
             q = blas.rope(q, self.rope_base, positions, backend=self.backend)
             k = blas.rope(k, self.rope_base, positions, backend=self.backend)
+        kv_len = None
         if cache is not None:
-            k, v = cache.append(layer, k, v, backend=self.backend)  # (B, Hkv, pos + T, hd)
-        y = blas.attention(q, k, v, causal=self.causal and pos == 0, backend=self.backend)  # (B, H, T, hd)
+            if cache.decoding:  # a static cache: the whole buffer, kv_len keys of it per row
+                kv_len = cache.kv_len  # (B,)
+            k, v = cache.append(layer, k, v, backend=self.backend)  # (B, Hkv, pos + T | max_len, hd)
+        y = blas.attention(q, k, v, causal=self.causal and pos == 0, kv_len=kv_len, backend=self.backend)  # (B, H, T, hd)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd))  # (B, T, dim)

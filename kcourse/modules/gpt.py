@@ -114,9 +114,12 @@ class GPT(Module):
         pos = 0 if cache is None else cache.pos
         if pos + T > self.config.block_size:
             raise ValueError(f"GPT: sequence length {pos + T} exceeds block_size {self.config.block_size}")
+        if cache is not None:
+            cache.begin(B, T)
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            p = self.wpe(self.positions[pos:pos + T])  # (T, C)
+            at = cache.positions(T) if cache is not None and cache.decoding else self.positions[pos:pos + T]
+            p = self.wpe(at)  # (T, C)
             x = blas.axpby(x, p.expand_as(x), backend=self.backend)  # tokens + positions
         residual = None  # fused: each block's output as the pair (x, residual), added by the next norm
         for i, block in enumerate(self.h):
@@ -139,23 +142,28 @@ class GPT(Module):
                 logits[rows, start:start + length] = part
         return self.wte.weight.new_zeros(B, T, self.config.vocab_size) if logits is None else logits
 
-    def kv_cache(self, max_len: int) -> KVCache:
-        """An empty ``KVCache`` of ``max_len`` positions for ``hidden_states(idx, cache)``."""
+    def kv_cache(self, max_len: int, static: bool = False) -> KVCache:
+        """An empty ``KVCache`` of ``max_len`` positions for ``hidden_states(idx, cache)``; ``static``:
+        its length kept on the device as well, for a decode step replayed as a CUDA graph."""
         if not 0 < max_len <= self.config.block_size:
             raise ValueError(f"GPT.kv_cache: max_len ({max_len}) must be in 1..block_size "
                              f"({self.config.block_size}), the positions the model has")
-        return KVCache(len(self.h), max_len, self.wte.weight.device)
+        return KVCache(len(self.h), max_len, self.wte.weight.device, static=static)
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 use_cache: bool = True, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 use_cache: bool = True, attention_mask: torch.Tensor | None = None,
+                 cuda_graph: bool = False) -> torch.Tensor:
         """``idx (B, T)`` followed by ``max_new_tokens`` sampled tokens: ``(B, T + max_new_tokens)``.
 
         ``temperature`` 0 is greedy; ``top_k`` keeps the k most likely tokens. ``use_cache``: a
         ``KVCache`` of up to ``block_size`` positions, so each step computes only its new token
         (``T + max_new_tokens > block_size`` is a ValueError); without it each step recomputes the
         last ``block_size`` tokens, past ``block_size`` the context cropped.
-        ``attention_mask (B, T)``: left padding (0s, then 1s), each row generated as if unpadded."""
-        return generate(self, idx, max_new_tokens, temperature, top_k, use_cache, attention_mask)
+        ``attention_mask (B, T)``: left padding (0s, then 1s), each row generated as if unpadded.
+        ``cuda_graph`` (CUDA, with the cache): a static cache, and the decode step captured once as a
+        CUDA graph and replayed per token (``GraphedStep``): the same tokens, without the host's cost
+        per op."""
+        return generate(self, idx, max_new_tokens, temperature, top_k, use_cache, attention_mask, cuda_graph)
 
     @classmethod
     def from_hf(cls, model, backend=None) -> "GPT":
