@@ -526,10 +526,14 @@ def test_attention_kv_len(backend, dtype, shape, causal):
     B, H, Hkv, Tq, Tk, D = shape
     q, k, v = qkv(*shape, dtype)
     kv_len = kv_lengths(B, Tk)
+    hidden = (torch.arange(Tk, device=DEVICE) >= kv_len[:, None])[:, None, :, None]  # (B, 1, Tk, 1)
+    expected = masked_sdpa(q, k, v, kv_len, causal)
+    k.masked_fill_(hidden, float("nan"))  # a cache's unwritten positions: never read
+    v.masked_fill_(hidden, float("inf"))
     with torch.no_grad():
         out = blas.attention(q, k, v, causal=causal, kv_len=kv_len, backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
-    assert_close(out, masked_sdpa(q, k, v, kv_len, causal))
+    assert_close(out, expected)
     with torch.no_grad():  # the reference, and int64 lengths on this backend: the same
         assert_close(out, blas.attention(q, k, v, causal=causal, kv_len=kv_len, backend="python"))
         assert torch.equal(out, blas.attention(q, k, v, causal=causal, kv_len=kv_len.long(), backend=backend))

@@ -46,6 +46,9 @@ def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float, kv_l
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
     B, H, Tq, D = q.shape
     q3, k3, v3 = acc(q).reshape(B * H, Tq, D), _heads(k, H), _heads(v, H)
+    if kv_len is not None:  # hidden values read as 0: P is 0 there, and 0 * NaN would not be
+        hidden = torch.arange(k.shape[2], device=k.device) >= kv_len[:, None]  # (B, Tk)
+        v3 = v3.masked_fill(hidden.repeat_interleave(H, dim=0)[:, :, None], 0.0)
     s = _scores(q3, k3, causal, scale, kv_len)  # (B*H, Tq, Tk)
     if s.shape[-1]:
         m = s.amax(dim=-1, keepdim=True)  # subtracting the row max: no overflow

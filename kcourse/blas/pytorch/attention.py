@@ -9,8 +9,10 @@ h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij 
 and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
 q, k, v, so the forward pays nothing for it; the backward pays a second forward).
 
-``kv_len`` (the keys of batch row b past kv_len[b] hidden) becomes a boolean mask for SDPA; a
-batch row with no key gets zeros (SDPA's NaN rows replaced). It never reaches the backward.
+``kv_len`` (the keys of batch row b past kv_len[b] hidden) becomes a boolean mask for SDPA, and
+the hidden keys and values are read as zeros (a cache's unwritten positions may hold NaN, which a
+masked score would still multiply); a batch row with no key gets zeros (SDPA's NaN rows
+replaced). It never reaches the backward.
 
 ``scale`` NaN: every score is NaN, so by the formula every output and every gradient is NaN (the
 other backends' answer); SDPA returns zeros instead, so that case does not reach it. (With
@@ -69,6 +71,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal:
         return _sdpa(q, k, v, causal, scale), (q, k, v)
     if _no_scores(q, k):
         return q.new_zeros(q.shape), (q, k, v)
+    # the hidden keys and values as zeros: SDPA masks scores, yet multiplies (and adds to a -inf
+    # mask) whatever they hold, which in a cache's unwritten positions may be NaN
+    hidden = (torch.arange(k.shape[2], device=k.device) >= kv_len[:, None])[:, None, :, None]  # (B, 1, Tk, 1)
+    k, v = k.masked_fill(hidden, 0.0), v.masked_fill(hidden, 0.0)
     out = _sdpa(q, k, v, causal, scale, kv_len)  # a batch row with no key: SDPA's rows of NaN, made 0
     return out.masked_fill((kv_len <= 0)[:, None, None, None], 0.0), (q, k, v)
 
