@@ -55,6 +55,9 @@ Details worth reading the kernels for:
   - the head dim is padded to a power of two (>= 16) with masked, zero-filled loads; tails of the
     sequence are masked loads too. In the dK, dV kernel a padded query row loads lse = +inf, so its
     P is exactly 0 and it adds nothing; padded key rows of that kernel are computed and dropped;
+  - ``kv_len`` (a static KV cache, inference only): the pointer forward reads kv_len[b] once per
+    program and uses it as that row's Tk, so the key walk stops there and the tail is masked; a row
+    of no key stores 0 (l = 0 guarded) and lse -inf. The TMA forward takes no kv_len;
   - every operand is addressed through its own strides (views read in place), offsets in int64;
   - P and dS are rounded to the input dtype before their tl.dot (tensor cores), accumulation is
     float32; float32 inputs use exact float32 products (input_precision "ieee") unless
