@@ -2,7 +2,7 @@
 
     python examples/hf_generate.py --arch llama --backend pytorch            # a small random Llama
     python examples/hf_generate.py --checkpoint ~/models/gpt2 --backend triton --device cuda \\
-        --prompt "The meaning of life is" --max-new-tokens 40
+        --prompt "The meaning of life is" --max-new-tokens 40 --cuda-graph
 
 Without --checkpoint the model is built from a small config with random weights and a byte
 vocabulary (token = byte), so its text is noise: the point is the check. With --checkpoint, a local
@@ -13,6 +13,9 @@ is downloaded) is loaded. Then the script:
 2. compares kcourse's logits of the prompt with transformers' (relative error against --rtol),
 3. compares kcourse's greedy tokens (KV cache) with transformers' ``generate(do_sample=False)``,
 4. samples --max-new-tokens tokens at --temperature and --top-k, and prints the text.
+
+--cuda-graph (CUDA) decodes as ``GPT.generate(cuda_graph=True)`` does: a static KV cache and each
+decode step a replay of one captured CUDA graph (the first call captures it).
 
 It exits with status 1 when the logits differ by more than --rtol.
 """
@@ -67,6 +70,7 @@ def main(argv=None) -> dict:
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--rtol", type=float, default=None, help="logit tolerance (default 1e-4 float32, 5e-2 bfloat16)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graph", action="store_true", help="decode steps as CUDA graph replays (CUDA only)")
     args = p.parse_args(argv)
     rtol = args.rtol or (1e-4 if args.dtype == "float32" else 5e-2)
     torch.manual_seed(args.seed)
@@ -88,14 +92,14 @@ def main(argv=None) -> dict:
 
     n = max(0, min(args.max_new_tokens, gpt.config.block_size - idx.shape[1]))  # within the position table
     start = time.perf_counter()
-    greedy = gpt.generate(idx, n, temperature=0)
+    greedy = gpt.generate(idx, n, temperature=0, cuda_graph=args.cuda_graph)
     seconds = time.perf_counter() - start
     expected = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, do_sample=False,
                            pad_token_id=0)
     same = torch.equal(greedy[:, :expected.shape[1]], expected)  # transformers stops at an end-of-text token
     print(f"greedy, {n} tokens in {seconds:.2f} s: {'identical to' if same else 'DIFFERENT from'} transformers' generate")
 
-    sampled = gpt.generate(idx, n, temperature=args.temperature, top_k=args.top_k)
+    sampled = gpt.generate(idx, n, temperature=args.temperature, top_k=args.top_k, cuda_graph=args.cuda_graph)
     text = decode(sampled[0, idx.shape[1]:].tolist())
     print(f"--- sample (temperature {args.temperature}, top_k {args.top_k}) ---\n{args.prompt}{text}")
     return {"logit_error": error, "rtol": rtol, "greedy_identical": same, "text": text}

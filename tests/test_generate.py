@@ -81,6 +81,10 @@ def test_cuda_graph_decoding_equals_eager(backend, arch):
     eager = gpt.generate(idx, 20, temperature=0)
     graphed = gpt.generate(idx, 20, temperature=0, cuda_graph=True)
     assert torch.equal(graphed, eager)
+    kept = gpt.__dict__["_graphed_step"][1]
+    other = prompts(B=3, T=9)  # another prompt length: the same graph, its cache reset
+    assert torch.equal(gpt.generate(other, 12, temperature=0, cuda_graph=True), gpt.generate(other, 12, temperature=0))
+    assert gpt.__dict__["_graphed_step"][1] is kept
     torch.manual_seed(3)
     sampled = gpt.generate(idx, 8, temperature=0.9, top_k=4, cuda_graph=True)
     torch.manual_seed(3)
