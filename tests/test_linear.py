@@ -104,6 +104,25 @@ def test_frozen_weight(backend):
     assert_close(dbias, expected[1], k=6)
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_backward_spends_the_cache(backend, activation):
+    """Eagerly, the backward writes dz over the pre-activation z it saved (no second (M, N) tensor):
+    the gradients are right, and a second backward through the same graph is refused by autograd,
+    not answered from the overwritten z. Without an activation nothing is saved beyond x and W."""
+    x, weight, bias = randn(6, 10).requires_grad_(), randn(4, 10).requires_grad_(), randn(4).requires_grad_()
+    dy = randn(6, 4)
+    y = blas.linear(x, weight, bias, activation, backend=backend)
+    got = torch.autograd.grad(y, [x, weight, bias], dy, retain_graph=True)
+    expected = run(torch_linear(activation), x, weight, bias, dy)[1:]
+    for g, e, k in zip(got, expected, (16, 24, 24)):
+        assert_close(g, e, k=k)
+    if activation is None:
+        torch.autograd.grad(y, [x], dy)
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(y, [x], dy)
+
+
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("case", [(136, 200, 72), (64, 64, 2048)], ids=["tiles", "split-k"])
 def test_triton_tma_epilogue(triton_tma, case, activation):

@@ -99,6 +99,19 @@ def test_triton_tma_pair(triton_tma, case, bias):
     assert_close(y, blas.linear_swiglu(x, wg, wu, bg, bu, backend="python"), k=6 * K)
 
 
+def test_backward_spends_the_cache(backend):
+    """Eagerly, the backward writes dg and du over the g and u it saved: the gradients are right, and
+    a second backward through the same graph is refused by autograd (g and u changed)."""
+    *tensors, dy = inputs((6, 10), 4, torch.float32, bias=True)
+    leaves = [t.requires_grad_() for t in tensors]
+    y = blas.linear_swiglu(*leaves, backend=backend)
+    got = torch.autograd.grad(y, leaves, dy, retain_graph=True)
+    for g, e in zip(got, run(torch_fn, *tensors, dy)[1:]):
+        assert_close(g, e, k=48)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, leaves[:1], dy)
+
+
 def test_validation(backend):
     x, wg, wu = randn(3, 4), randn(5, 4), randn(5, 4)
     raises(ValueError, r"linear_swiglu: x is \(3, 6\) and w_gate is \(5, 4\); w_gate must be \(N, 6\)",

@@ -322,6 +322,10 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
 
         dz = dy act'(z)       the activation's backward kernel (dz = dy without an activation)
         dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, gemv), each rounded once
+
+    Eagerly (``in_place``) dz is written over z, which only this op holds: the backward then needs
+    no (M, N) tensor beyond those the forward made (a second backward through the graph is refused
+    by autograd: z's version changed).
     """
 
     def act(name):
@@ -343,12 +347,15 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
             y = forward(z, **params)[0]
         return y.reshape(*x.shape[:-1], N), (x, weight, z)
 
-    def linear_backward(dout, cache, needs, activation):
+    def linear_backward(dout, cache, needs, activation, in_place=False):
         x, weight, *z = cache
         dz = rows_of(dout)  # (M, N)
         if activation != "none" and dz.numel():
             _, backward, params = act(activation)
-            dz = backward(dz, (z[0],), (True,), **params)[0]
+            out = {"out": z[0]} if in_place else {}  # dz over z: no second (M, N) tensor
+            dz = backward(dz, (z[0],), (True,), **params, **out)[0]
+            if in_place:  # a kernel's raw writes leave z's version as it was: autograd must see the change
+                torch.autograd.graph.increment_version(z[0])
         return _projection_grads(gemm, gemv, [dz], rows_of(x), [weight], needs, x.shape)
 
     return linear, linear_backward
@@ -366,6 +373,8 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
 
         dg, du = swiglu's backward                 dg = dy u silu'(g),  du = dy silu(g)
         dx = dg W_g + du W_u,  dW_g = dg^T x,  dW_u = du^T x,  db_g = dg^T 1,  db_u = du^T 1
+
+    Eagerly (``in_place``) dg and du are written over g and u, as linear's dz over z.
     """
 
     def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
@@ -379,10 +388,14 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
             y = swiglu(g, u)[0]
         return y.reshape(*x.shape[:-1], F), (x, w_gate, w_up, g, u)
 
-    def linear_swiglu_backward(dout, cache, needs):
+    def linear_swiglu_backward(dout, cache, needs, in_place=False):
         x, w_gate, w_up, g, u = cache
         dy = rows_of(dout)  # (M, F)
-        dg, du = swiglu_backward(dy, (g, u), (True, True)) if dy.numel() else (dy, dy)
+        out = {"out": (g, u)} if in_place else {}  # dg, du over g, u: no second pair of (M, F) tensors
+        dg, du = swiglu_backward(dy, (g, u), (True, True), **out) if dy.numel() else (dy, dy)
+        if in_place and dy.numel():  # (as linear's z)
+            torch.autograd.graph.increment_version(g)
+            torch.autograd.graph.increment_version(u)
         return _projection_grads(gemm, gemv, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
 
     return linear_swiglu, linear_swiglu_backward

@@ -83,11 +83,12 @@ def unary(forward: Elementwise, x: torch.Tensor):
     return out, (x,)
 
 
-def unary_backward(backward: Elementwise, dout: torch.Tensor, cache, needs):
-    """``(dx,)`` from ``backward`` ((dy, x) -> dx) on the cached x; ``(None,)`` when x needs none."""
+def unary_backward(backward: Elementwise, dout: torch.Tensor, cache, needs, out=None):
+    """``(dx,)`` from ``backward`` ((dy, x) -> dx) on the cached x; ``(None,)`` when x needs none.
+    ``out``: dx's buffer, which may be x itself (each vector of x is loaded before its dx is stored)."""
     (x,) = cache
     if not needs[0]:
         return (None,)
-    dx = torch.empty_like(x)
+    dx = torch.empty_like(x) if out is None else out
     run(backward, (dout, x, dx))
     return (dx,)

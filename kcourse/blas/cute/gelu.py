@@ -67,5 +67,5 @@ def gelu(x, approximate):
     return unary(FORWARD[approximate], x)
 
 
-def gelu_backward(dout, cache, needs, approximate):
-    return unary_backward(BACKWARD[approximate], dout, cache, needs)
+def gelu_backward(dout, cache, needs, approximate, out=None):
+    return unary_backward(BACKWARD[approximate], dout, cache, needs, out)

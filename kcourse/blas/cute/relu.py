@@ -28,5 +28,5 @@ def relu(x):
     return unary(FORWARD, x)
 
 
-def relu_backward(dout, cache, needs):
-    return unary_backward(BACKWARD, dout, cache, needs)
+def relu_backward(dout, cache, needs, out=None):
+    return unary_backward(BACKWARD, dout, cache, needs, out)

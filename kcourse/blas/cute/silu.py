@@ -24,5 +24,5 @@ def silu(x):
     return unary(FORWARD, x)
 
 
-def silu_backward(dout, cache, needs):
-    return unary_backward(BACKWARD, dout, cache, needs)
+def silu_backward(dout, cache, needs, out=None):
+    return unary_backward(BACKWARD, dout, cache, needs, out)

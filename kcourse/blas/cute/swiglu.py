@@ -40,10 +40,10 @@ def swiglu(gate, up):
     return out, (gate, up)
 
 
-def swiglu_backward(dout, cache, needs):
-    gate, up = cache
-    dgate = torch.empty_like(gate) if needs[0] else None
-    dup = torch.empty_like(up) if needs[1] else None
+def swiglu_backward(dout, cache, needs, out=(None, None)):
+    gate, up = cache  # out may be (gate, up) themselves: each vector is loaded before its gradients are stored
+    dgate = (torch.empty_like(gate) if out[0] is None else out[0]) if needs[0] else None
+    dup = (torch.empty_like(up) if out[1] is None else out[1]) if needs[1] else None
     if dgate is not None and dup is not None:
         run(BACKWARD, (dout, gate, up, dgate, dup))
     elif dgate is not None:

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ._acc import acc
+from ._acc import acc, into
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 COEF = 0.044715
@@ -25,7 +25,7 @@ def gelu(x: torch.Tensor, approximate: str):
     return y.to(x.dtype), (x,)
 
 
-def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str):
+def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str, out=None):
     (x,) = cache
     if not needs[0]:
         return (None,)
@@ -37,4 +37,4 @@ def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str):
         cdf = 0.5 * (1 + torch.erf(a / math.sqrt(2)))
         pdf = torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
         slope = cdf + a * pdf
-    return ((acc(dout) * slope).to(x.dtype),)
+    return (into((acc(dout) * slope).to(x.dtype), out),)

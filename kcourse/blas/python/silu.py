@@ -6,7 +6,7 @@ Backward: dx = dy * dy/dx. Cache: ``(x,)``. ``silu_slope`` is shared with swiglu
 """
 import torch
 
-from ._acc import acc
+from ._acc import acc, into
 
 
 def silu_slope(a: torch.Tensor) -> torch.Tensor:
@@ -20,8 +20,8 @@ def silu(x: torch.Tensor):
     return (a * torch.sigmoid(a)).to(x.dtype), (x,)
 
 
-def silu_backward(dout: torch.Tensor, cache, needs):
+def silu_backward(dout: torch.Tensor, cache, needs, out=None):
     (x,) = cache
     if not needs[0]:
         return (None,)
-    return ((acc(dout) * silu_slope(acc(x))).to(x.dtype),)
+    return (into((acc(dout) * silu_slope(acc(x))).to(x.dtype), out),)

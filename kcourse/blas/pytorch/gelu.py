@@ -19,6 +19,10 @@ def gelu(x: torch.Tensor, approximate: str):
     return y, (x,)
 
 
-def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str):
+def gelu_backward(dout: torch.Tensor, cache, needs, approximate: str, out=None):
     (x,) = cache
-    return (torch.ops.aten.gelu_backward(dout, x, approximate=approximate) if needs[0] else None,)
+    if not needs[0]:
+        return (None,)
+    if out is None:
+        return (torch.ops.aten.gelu_backward(dout, x, approximate=approximate),)
+    return (torch.ops.aten.gelu_backward.grad_input(dout, x, approximate=approximate, grad_input=out),)

@@ -8,6 +8,10 @@ def relu(x: torch.Tensor):
     return F.relu(x), (x,)
 
 
-def relu_backward(dout: torch.Tensor, cache, needs):
+def relu_backward(dout: torch.Tensor, cache, needs, out=None):
     (x,) = cache
-    return (torch.ops.aten.threshold_backward(dout, x, 0) if needs[0] else None,)
+    if not needs[0]:
+        return (None,)
+    if out is None:
+        return (torch.ops.aten.threshold_backward(dout, x, 0),)
+    return (torch.ops.aten.threshold_backward.grad_input(dout, x, 0, grad_input=out),)

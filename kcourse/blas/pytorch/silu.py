@@ -12,6 +12,10 @@ def silu(x: torch.Tensor):
     return F.silu(x), (x,)
 
 
-def silu_backward(dout: torch.Tensor, cache, needs):
+def silu_backward(dout: torch.Tensor, cache, needs, out=None):
     (x,) = cache
-    return (torch.ops.aten.silu_backward(dout, x) if needs[0] else None,)
+    if not needs[0]:
+        return (None,)
+    if out is None:
+        return (torch.ops.aten.silu_backward(dout, x),)
+    return (torch.ops.aten.silu_backward.grad_input(dout, x, grad_input=out),)

@@ -14,10 +14,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor):
     return (F.silu(gate.to(acc)) * up.to(acc)).to(gate.dtype), (gate, up)
 
 
-def swiglu_backward(dout: torch.Tensor, cache, needs):
+def swiglu_backward(dout: torch.Tensor, cache, needs, out=(None, None)):
     gate, up = cache
     acc = torch.promote_types(gate.dtype, torch.float32)
     g, dy = gate.to(acc), dout.to(acc)
     dgate = torch.ops.aten.silu_backward(dy * up.to(acc), g).to(gate.dtype) if needs[0] else None
     dup = (dy * F.silu(g)).to(up.dtype) if needs[1] else None
-    return dgate, dup
+    return tuple(d if d is None or o is None else o.copy_(d) for d, o in zip((dgate, dup), out))

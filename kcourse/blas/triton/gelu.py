@@ -56,10 +56,10 @@ def gelu(x, approximate):
     return out, (x,)
 
 
-def gelu_backward(dout, cache, needs, approximate):
+def gelu_backward(dout, cache, needs, approximate, out=None):
     (x,) = cache
     if not needs[0]:
         return (None,)
-    dx = torch.empty_like(x)
+    dx = torch.empty_like(x) if out is None else out  # out may be x itself: each element read, then written
     launch("gelu", gelu_backward_kernel, (dout, x, dx), approximate == "tanh")
     return (dx,)

@@ -39,10 +39,10 @@ def silu(x):
     return out, (x,)
 
 
-def silu_backward(dout, cache, needs):
+def silu_backward(dout, cache, needs, out=None):
     (x,) = cache
     if not needs[0]:
         return (None,)
-    dx = torch.empty_like(x)
+    dx = torch.empty_like(x) if out is None else out  # out may be x itself: each element read, then written
     launch("silu", silu_backward_kernel, (dout, x, dx))
     return (dx,)

@@ -48,10 +48,10 @@ def swiglu(gate, up):
     return out, (gate, up)
 
 
-def swiglu_backward(dout, cache, needs):
-    gate, up = cache
-    dgate = torch.empty_like(gate) if needs[0] else None
-    dup = torch.empty_like(up) if needs[1] else None
+def swiglu_backward(dout, cache, needs, out=(None, None)):
+    gate, up = cache  # out may be (gate, up) themselves: each element's gate and up are read, then written
+    dgate = (torch.empty_like(gate) if out[0] is None else out[0]) if needs[0] else None
+    dup = (torch.empty_like(up) if out[1] is None else out[1]) if needs[1] else None
     if dgate is not None or dup is not None:
         launch("swiglu", swiglu_backward_kernel, (dout, gate, up if needs[0] else None, dgate, dup))
     return dgate, dup
