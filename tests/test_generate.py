@@ -2,6 +2,9 @@
 transformers' generate; past block_size (an error with the cache, the context cropped without);
 sampling; left-padded batches in generate and forward (equal to transformers with the same mask);
 the cache's own errors and bad input."""
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -81,14 +84,24 @@ def test_cuda_graph_decoding_equals_eager(backend, arch):
     eager = gpt.generate(idx, 20, temperature=0)
     graphed = gpt.generate(idx, 20, temperature=0, cuda_graph=True)
     assert torch.equal(graphed, eager)
-    kept = gpt.__dict__["_graphed_step"][1]
+    kept = gpt.__dict__["_graphed_step"].step
     other = prompts(B=3, T=9)  # another prompt length: the same graph, its cache reset
     assert torch.equal(gpt.generate(other, 12, temperature=0, cuda_graph=True), gpt.generate(other, 12, temperature=0))
-    assert gpt.__dict__["_graphed_step"][1] is kept
+    assert gpt.__dict__["_graphed_step"].step is kept
+    assert copy.deepcopy(gpt).__dict__.get("_graphed_step") is None  # a copy captures its own
     torch.manual_seed(3)
     sampled = gpt.generate(idx, 8, temperature=0.9, top_k=4, cuda_graph=True)
     torch.manual_seed(3)
     assert torch.equal(sampled, gpt.generate(idx, 8, temperature=0.9, top_k=4))
+
+
+def test_a_kept_graph_is_not_copied():
+    # deepcopy (an EMA model, say) and pickling skip the kept CUDA graph, which neither can copy
+    from kcourse.modules.generate import _Kept
+    gpt = model("gpt2", "pytorch")
+    gpt.__dict__["_graphed_step"] = _Kept(("key",), object())
+    assert copy.deepcopy(gpt).__dict__.get("_graphed_step") is None
+    assert pickle.loads(pickle.dumps(gpt)).__dict__.get("_graphed_step") is None
 
 
 def test_cuda_graph_needs_the_cache_and_cuda():

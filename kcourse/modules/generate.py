@@ -232,6 +232,20 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     return seq
 
 
+class _Kept:
+    """A model's kept ``GraphedStep`` and its key, as ``model.__dict__["_graphed_step"]``; copies and
+    pickles of the model leave it behind (a CUDA graph copies to nothing: the copy captures its own)."""
+
+    def __init__(self, key: tuple, step: GraphedStep):
+        self.key, self.step = key, step
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return type(None), ()
+
+
 def _generate_graphed(model, idx: torch.Tensor, max_new_tokens: int, temperature: float,
                       top_k: int | None) -> torch.Tensor:
     """generate's loop with the prefill eager and every decode step a replay of one ``GraphedStep``.
@@ -243,14 +257,14 @@ def _generate_graphed(model, idx: torch.Tensor, max_new_tokens: int, temperature
     B = idx.shape[0]
     key = (B, temperature == 0, model.backend, tuple((p.data_ptr(), p.dtype) for p in model.parameters()))
     kept = model.__dict__.get("_graphed_step")
-    step = kept[1] if kept is not None and kept[0] == key else None
+    step = kept.step if kept is not None and kept.key == key else None
     cache = step.cache if step is not None else model.kv_cache(model.config.block_size, static=True)
     cache.reset()
     nxt = sample(model.lm_head(model.hidden_states(idx, cache)[:, -1]), temperature, top_k, model.backend)  # (B, 1)
     if step is None:
         model.__dict__.pop("_graphed_step", None)  # the old graph's memory goes first
         step = GraphedStep(model, cache, B, greedy=temperature == 0)
-        model.__dict__["_graphed_step"] = (key, step)
+        model.__dict__["_graphed_step"] = _Kept(key, step)
     new = [nxt]
     for _ in range(max_new_tokens - 1):
         out = step(nxt)
