@@ -234,6 +234,38 @@ def test_kv_cache_decode_step_compiles_whole():
     assert torch.equal(outputs[1], outputs[0])
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_static_cache_decode_step_compiles_whole_once(arch):
+    """On a static cache a decode step has the same shapes at every position (it writes by index_copy_
+    at the device's position and attends over the whole buffer with kv_len): it traces whole, and
+    after the first decode step's graph at most one recompile (the position made symbolic) serves
+    every later step; the tokens are eager's."""
+    torch.manual_seed(0)
+    extra = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, n_kv_head=1) if arch == "llama" else {}
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, **extra), backend="pytorch")
+    model = model.to(DEVICE).eval()
+    prompt = torch.randint(0, 32, (2, 4), device=DEVICE)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(tok, cache):
+        return model.lm_head(model.hidden_states(tok, cache)[:, -1]).argmax(dim=-1, keepdim=True)
+
+    with torch.no_grad():
+        outputs = []
+        for run in (step, torch.compile(step, backend=counting, fullgraph=True)):
+            cache = model.kv_cache(16, static=True)
+            tokens = [step(prompt, cache)]  # the prefill, eager
+            for _ in range(6):
+                tokens.append(run(tokens[-1], cache))
+            outputs.append(torch.cat(tokens, 1))
+    assert torch.equal(outputs[1], outputs[0])
+    assert 1 <= len(graphs) <= 2, len(graphs)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["pytorch", "triton", "cute"])
 def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
