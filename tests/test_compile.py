@@ -234,6 +234,16 @@ def test_kv_cache_decode_step_compiles_whole():
     assert torch.equal(outputs[1], outputs[0])
 
 
+@pytest.mark.parametrize("name", ["python", "pytorch"])
+def test_attention_with_kv_len_compiles_with_inductor(name):
+    # kv_len, an optional tensor input of the custom op, through inductor's fallback: eager's result
+    q, k, v = (torch.randn(*s, device=DEVICE) for s in ((2, 4, 1, 16), (2, 2, 9, 16), (2, 2, 9, 16)))
+    kv_len = torch.tensor([3, 9], dtype=torch.int32, device=DEVICE)
+    attend = lambda q, k, v, kv_len: blas.attention(q, k, v, kv_len=kv_len, backend=name)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(attend, fullgraph=True)(q, k, v, kv_len), attend(q, k, v, kv_len))
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_static_cache_decode_step_compiles_whole_once(arch):
     """On a static cache a decode step has the same shapes at every position (it writes by index_copy_
