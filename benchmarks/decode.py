@@ -32,6 +32,10 @@ skipped on CUDA, too slow). The modes:
                                layer, the head, argmax) under torch.compile(fullgraph=True)
   B:compile-breaks             the same step under torch.compile(fullgraph=False) (not a default
                                variant: --variants compile-breaks)
+  B:compile-static             the decode step on a static cache (GPT.kv_cache(static=True), kept
+                               between calls, its buffers marked as static addresses) under
+                               torch.compile(fullgraph=True, mode="reduce-overhead"): inductor's
+                               CUDA graphs of kcourse's step, as transformers compiles its own
 transformers' generate always gets do_sample=False, max_new_tokens = min_new_tokens = --new-tokens
 (it never stops early; the models have no EOS token anyway) and an all-ones attention mask. Each
 kcourse mode is compared with the transformers mode of the same kind (``baseline``, ``ratio`` =
@@ -116,9 +120,9 @@ TINY_ARCHS = {"gpt2": dict(activation="gelu_tanh"),
               "llama": dict(activation="swiglu", norm="rmsnorm", pos="rope", bias=False, n_kv_head=2,
                             tie_weights=False, mlp_hidden=96)}
 TRANSFORMERS_MODES = ("static", "static-compile", "dynamic")
-KCOURSE_MODES = ("eager", "graph", "compile", "compile-breaks")
+KCOURSE_MODES = ("eager", "graph", "compile", "compile-static", "compile-breaks")
 BASELINE = {"eager": "static", "graph": "static-compile", "compile": "static-compile",
-            "compile-breaks": "static-compile"}
+            "compile-static": "static-compile", "compile-breaks": "static-compile"}
 
 
 def config(arch: str, tiny: bool) -> GPTConfig:
@@ -175,6 +179,8 @@ def kcourse_generate(gpt: GPT, mode: str):
     def step(tok, cache):  # one token per row through every layer, the head and argmax
         return gpt.lm_head(gpt.hidden_states(tok, cache)[:, -1]).argmax(dim=-1, keepdim=True)
 
+    if mode == "compile-static":
+        return compiled_static_generate(gpt, step)
     compiled = torch.compile(step, fullgraph=mode == "compile")
 
     @torch.no_grad()
@@ -184,6 +190,34 @@ def kcourse_generate(gpt: GPT, mode: str):
         out = [prompt, tok]
         for _ in range(n - 1):
             tok = compiled(tok, cache)
+            out.append(tok)
+        return torch.cat(out, dim=1)
+    return gen
+
+
+def compiled_static_generate(gpt: GPT, step):
+    """``gen(prompt, n)`` with every decode step a call of ``step`` compiled with reduce-overhead on a
+    static cache of block_size positions, one per batch size, kept between calls (the graphs read its
+    buffers at fixed addresses: marked static once the prefill has made them)."""
+    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+    caches = {}
+
+    @torch.no_grad()
+    def gen(prompt, n):
+        cache = caches.get(prompt.shape[0])
+        if cache is None:
+            cache = caches[prompt.shape[0]] = gpt.kv_cache(gpt.config.block_size, static=True)
+            fresh = True
+        else:
+            fresh = False
+        cache.reset()
+        tok = step(prompt, cache)  # the prefill, eager (the first one allocates the buffers)
+        if fresh:
+            for t in (*cache.k, *cache.v, cache.length):
+                torch._dynamo.mark_static_address(t)
+        out = [prompt, tok]
+        for _ in range(n - 1):
+            tok = compiled(tok, cache).clone()  # the graph's output is overwritten by its next replay
             out.append(tok)
         return torch.cat(out, dim=1)
     return gen
