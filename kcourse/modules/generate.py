@@ -34,6 +34,9 @@ class KVCache:
     Each layer's ``k`` and ``v`` are ``(B, Hkv, max_len, hd)`` buffers, allocated at the layer's
     first write in the dtype and on the device of its keys, never reallocated. A forward appends
     its ``T`` positions to every layer, then ``advance(T)``. Inference only: the writes are in place.
+    ``static``: the length is kept on the device too (``length``), and every forward after the
+    prompt reads its positions from it (``begin``), so a decode step has the same shapes and
+    addresses at every position (module docstring).
     """
 
     def __init__(self, n_layer: int, max_len: int, device=None, static: bool = False):
@@ -74,7 +77,8 @@ class KVCache:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, backend=None):
         """Write ``k, v (B, Hkv, T, hd)`` at positions ``pos ..`` of ``layer``; return the keys and
-        values of positions ``0 .. pos + T - 1``, ``(B, Hkv, pos + T, hd)`` each."""
+        values of positions ``0 .. pos + T - 1``, ``(B, Hkv, pos + T, hd)`` each (on a decoding static
+        cache the whole buffers, ``(B, Hkv, max_len, hd)``, of which ``kv_len`` positions are written)."""
         B, Hkv, T, hd = k.shape
         end = self.pos + T
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
