@@ -595,3 +595,44 @@ def test_attention(name, data):
             f(q, k, v, name)
         return
     check(name, f, sdpa, [q, k, v], k=max(Tk, 1), grad_k=16 * max(Tq, Tk, 1))
+
+
+@fuzz
+def test_attention_kv_len(name, data):
+    """attention over each batch row's first kv_len[b] keys (a static KV cache), forward only: lengths
+    from below 0 to above Tk, int32 or int64, and the hidden positions optionally NaN (never read)."""
+    dt = dtype(data, name)
+    B, Hkv = max(size(data, name, small=True), 1), max(size(data, name, small=True), 1)
+    H = Hkv * data.draw(st.sampled_from([1, 2]))
+    Tq, Tk = size(data, name, small=not LARGE), size(data, name, small=not LARGE)
+    D = max(size(data, name, small=True), 1) * data.draw(st.sampled_from([1, 8]))
+    causal = data.draw(st.booleans())
+    scale = data.draw(st.sampled_from([None, 0.125, -0.3]))
+    layout = data.draw(st.sampled_from(["contiguous", "sliced", "strided"]))
+    q = tensor(data, [B, H, Tq, D], dt, layout=layout)
+    k, v = tensor(data, [B, Hkv, Tk, D], dt, layout=layout), tensor(data, [B, Hkv, Tk, D], dt, layout=layout)
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    kv_len = torch.randint(-2, Tk + 3, (B,), generator=gen).to(DEVICE, data.draw(st.sampled_from([torch.int32,
+                                                                                                   torch.int64])))
+    keys = torch.arange(Tk, device=DEVICE) < kv_len[:, None]  # (B, Tk)
+    if data.draw(st.booleans()):
+        k.masked_fill_(~keys[:, None, :, None], float("nan"))
+        v.masked_fill_(~keys[:, None, :, None], float("nan"))
+    s = D ** -0.5 if scale is None else scale
+
+    def sdpa(q, k, v):  # the visible keys as a boolean mask, the hidden ones zeroed; rows of no key 0
+        mask = keys[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        hidden = ~keys[:, None, :, None]
+        out = F.scaled_dot_product_attention(q, k.masked_fill(hidden, 0), v.masked_fill(hidden, 0),
+                                             attn_mask=mask, scale=s, enable_gqa=True)
+        return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0)
+
+    f = lambda q, k, v, backend: blas.attention(q, k, v, causal, scale, kv_len=kv_len, backend=backend)
+    if name == "cute" and D * q.element_size() % 4:
+        with pytest.raises(ValueError, match=r"attention: the cute kernels need D \* itemsize"):
+            f(q, k, v, name)
+        return
+    with torch.no_grad():
+        check(name, f, sdpa, [q, k, v], k=max(Tk, 1), grads=False)
