@@ -205,11 +205,9 @@ def compiled_static_generate(gpt: GPT, step):
     @torch.no_grad()
     def gen(prompt, n):
         cache = caches.get(prompt.shape[0])
-        if cache is None:
+        fresh = cache is None
+        if fresh:
             cache = caches[prompt.shape[0]] = gpt.kv_cache(gpt.config.block_size, static=True)
-            fresh = True
-        else:
-            fresh = False
         cache.reset()
         tok = step(prompt, cache)  # the prefill, eager (the first one allocates the buffers)
         if fresh:

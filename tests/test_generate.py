@@ -54,6 +54,9 @@ def _cached_steps(arch):
         assert cache.pos == 10
 
 
+TOLERANCE = {"triton": dict(rtol=1e-4, atol=1e-4), "cute": dict(rtol=1e-4, atol=1e-4)}  # float32 on tensor cores
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_static_cache_steps_equal_the_full_forward(backend, arch):
     """A static cache: after the prompt, each step reads its positions from the device, writes at them
@@ -71,9 +74,6 @@ def test_static_cache_steps_equal_the_full_forward(backend, arch):
             steps.append(gpt.hidden_states(idx[:, t:t + 1], cache))
     assert cache.pos == 10 and int(cache.length) == 10 and cache.k[0].shape[2] == 12
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOLERANCE.get(backend, {}))
-
-
-TOLERANCE = {"triton": dict(rtol=1e-4, atol=1e-4), "cute": dict(rtol=1e-4, atol=1e-4)}  # float32 on tensor cores
 
 
 @pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs need a GPU")

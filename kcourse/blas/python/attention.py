@@ -31,25 +31,25 @@ def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
     return acc(t).repeat_interleave(H // Hkv, dim=1).reshape(B * H, T, D)
 
 
-def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float, kv_len=None) -> torch.Tensor:
+def _scores(q3: torch.Tensor, k3: torch.Tensor, causal: bool, scale: float, hidden=None) -> torch.Tensor:
+    """S (B*H, Tq, Tk), -inf where masked; ``hidden`` (B*H, Tk) bool: the keys past a row's kv_len."""
     s = blas.gemm(q3, k3.mT, alpha=scale, backend="python")  # (B*H, Tq, Tk)
     if causal:
         above = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(diagonal=1)  # key j > query i
         s = s.masked_fill(above, float("-inf"))
-    if kv_len is not None:
-        Tk = s.shape[-1]
-        past = torch.arange(Tk, device=s.device) >= kv_len[:, None]  # (B, Tk): key j past row b's length
-        s = s.masked_fill(past.repeat_interleave(s.shape[0] // kv_len.shape[0], dim=0)[:, None, :], float("-inf"))
+    if hidden is not None:
+        s = s.masked_fill(hidden[:, None, :], float("-inf"))
     return s
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
     B, H, Tq, D = q.shape
     q3, k3, v3 = acc(q).reshape(B * H, Tq, D), _heads(k, H), _heads(v, H)
+    hidden = None
     if kv_len is not None:  # hidden values read as 0: P is 0 there, and 0 * NaN would not be
-        hidden = torch.arange(k.shape[2], device=k.device) >= kv_len[:, None]  # (B, Tk)
-        v3 = v3.masked_fill(hidden.repeat_interleave(H, dim=0)[:, :, None], 0.0)
-    s = _scores(q3, k3, causal, scale, kv_len)  # (B*H, Tq, Tk)
+        hidden = (torch.arange(k.shape[2], device=k.device) >= kv_len[:, None]).repeat_interleave(H, dim=0)  # (B*H, Tk)
+        v3 = v3.masked_fill(hidden[:, :, None], 0.0)
+    s = _scores(q3, k3, causal, scale, hidden)  # (B*H, Tq, Tk)
     if s.shape[-1]:
         m = s.amax(dim=-1, keepdim=True)  # subtracting the row max: no overflow
         lse = m + (s - m).exp().sum(dim=-1, keepdim=True).log()  # (B*H, Tq, 1)

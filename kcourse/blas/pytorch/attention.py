@@ -43,16 +43,15 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _sdpa(q, k, v, causal, scale, kv_len=None):
+def _sdpa(q, k, v, causal, scale, keys=None):
+    """SDPA over the keys ``keys`` (B, Tk) bool marks visible in each batch row (every key: None)."""
     q, k, v = (aligned(t) for t in (q, k, v))
     mask = None
-    if (causal and scale <= 0) or kv_len is not None:  # SDPA's is_causal path scales its -inf mask: NaN at
+    if (causal and scale <= 0) or keys is not None:  # SDPA's is_causal path scales its -inf mask: NaN at
         # scale 0 (0 * -inf), and a negative scale turns it into +inf (NaN rows on the CPU); a boolean mask does not
-        Tq, Tk = q.shape[2], k.shape[2]
-        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril() if causal else None  # (Tq, Tk)
-        if kv_len is not None:  # (B, 1, 1, Tk): key j of batch row b visible iff j < kv_len[b]
-            keys = (torch.arange(Tk, device=q.device) < kv_len[:, None])[:, None, None, :]
-            mask = keys if mask is None else keys & mask
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril() if causal else None
+        if keys is not None:  # (B, 1, 1, Tk), and (Tq, Tk) with it: (B, 1, Tq, Tk)
+            mask = keys[:, None, None, :] if mask is None else keys[:, None, None, :] & mask
         causal = False
     # a scale of 0 (every score 0: the mean of the visible values) or below: SDPA's fused CUDA kernels
     # give NaN rows in float16 (torch 2.11), its math backend the formula's answer
@@ -73,9 +72,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal:
         return q.new_zeros(q.shape), (q, k, v)
     # the hidden keys and values as zeros: SDPA masks scores, yet multiplies (and adds to a -inf
     # mask) whatever they hold, which in a cache's unwritten positions may be NaN
-    hidden = (torch.arange(k.shape[2], device=k.device) >= kv_len[:, None])[:, None, :, None]  # (B, 1, Tk, 1)
+    keys = torch.arange(k.shape[2], device=k.device) < kv_len[:, None]  # (B, Tk): key j visible in row b
+    hidden = ~keys[:, None, :, None]  # (B, 1, Tk, 1)
     k, v = k.masked_fill(hidden, 0.0), v.masked_fill(hidden, 0.0)
-    out = _sdpa(q, k, v, causal, scale, kv_len)  # a batch row with no key: SDPA's rows of NaN, made 0
+    out = _sdpa(q, k, v, causal, scale, keys)  # a batch row with no key: SDPA's rows of NaN, made 0
     return out.masked_fill((kv_len <= 0)[:, None, None, None], 0.0), (q, k, v)
 
 
