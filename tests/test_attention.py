@@ -547,6 +547,26 @@ def test_attention_kv_len(backend, dtype, shape, causal):
             assert (out[b] == 0).all()
 
 
+@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_kv_len_token_major_cache(backend, dtype, D):
+    # a static cache's layout: k and v the (B, Hkv, T, D) views of (B, T, Hkv, D) buffers (on CUDA
+    # the pytorch backend hands these to flash attention's variable-length kernel), unwritten
+    # positions NaN; decoding (Tq = 1) and a chunk of queries, grouped-query heads
+    for Tq in (1, 5):
+        q = heads(6, 4, Tq, D, dtype, "bthd")
+        k, v = heads(6, 2, 70, D, dtype, "bthd"), heads(6, 2, 70, D, dtype, "bthd")
+        kv_len = kv_lengths(6, 70)
+        expected = masked_sdpa(q, k, v, kv_len, causal=False)
+        hidden = (torch.arange(70, device=DEVICE) >= kv_len[:, None])[:, None, :, None]
+        k.masked_fill_(hidden, float("nan"))
+        v.masked_fill_(hidden, float("nan"))
+        with torch.no_grad():
+            out = blas.attention(q, k, v, kv_len=kv_len, backend=backend)
+        assert out.isfinite().all()
+        assert_close(out, expected)
+
+
 def test_attention_kv_len_of_all_keys_is_attention(backend):
     q, k, v = qkv(3, 4, 2, 1, 45, 64, torch.float16)
     full = torch.full((3,), 45, dtype=torch.int32, device=DEVICE)

@@ -31,7 +31,8 @@ from .. import blas
 class KVCache:
     """Keys and values of a model's ``n_layer`` attention layers at positions ``0 .. pos - 1``.
 
-    Each layer's ``k`` and ``v`` are ``(B, Hkv, max_len, hd)`` buffers, allocated at the layer's
+    Each layer's ``k`` and ``v`` are ``(B, Hkv, max_len, hd)`` views of token-major ``(B, max_len, Hkv,
+    hd)`` buffers (the layout flash attention's variable-length kernel reads), allocated at the layer's
     first write in the dtype and on the device of its keys, never reallocated. A forward appends
     its ``T`` positions to every layer, then ``advance(T)``. Inference only: the writes are in place.
     ``static``: the length is kept on the device too (``length``), and every forward after the
@@ -85,8 +86,8 @@ class KVCache:
             raise RuntimeError("KVCache: its writes are in place, not differentiable: decode under torch.no_grad() "
                                "(GPT.generate does)")
         self._room(T)
-        if self.k[layer] is None:
-            self.k[layer], self.v[layer] = (k.new_empty(B, Hkv, self.max_len, hd) for _ in range(2))
+        if self.k[layer] is None:  # token-major storage (B, max_len, Hkv, hd), seen as (B, Hkv, max_len, hd)
+            self.k[layer], self.v[layer] = (k.new_empty(B, self.max_len, Hkv, hd).transpose(1, 2) for _ in range(2))
         ck, cv = self.k[layer], self.v[layer]
         if (ck.shape[0], ck.shape[1], ck.shape[3], ck.dtype) != (B, Hkv, hd, k.dtype):
             raise ValueError(f"KVCache: layer {layer} caches {tuple(ck.shape)} {ck.dtype}, got keys "

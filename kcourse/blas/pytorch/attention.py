@@ -9,7 +9,10 @@ h // (H / Hkv). Backward, with P the attention weights and delta_i = sum_j P_ij 
 and lets ``torch.autograd.grad`` run SDPA's own backward (the cache is just
 q, k, v, so the forward pays nothing for it; the backward pays a second forward).
 
-``kv_len`` (the keys of batch row b past kv_len[b] hidden) becomes a boolean mask for SDPA, and
+``kv_len`` (the keys of batch row b past kv_len[b] hidden): on CUDA, in 16-bit, without the causal
+mask and with k and v token-major (a static KV cache stores ``(B, max_len, Hkv, hd)``), flash
+attention's variable-length forward reads only each row's first kv_len[b] keys (``seqused_k``).
+Otherwise it becomes a boolean mask for SDPA, and
 the hidden keys and values are read as zeros (a cache's unwritten positions may hold NaN, which a
 masked score would still multiply); a batch row with no key gets zeros (SDPA's NaN rows
 replaced). It never reaches the backward.
@@ -63,6 +66,37 @@ def _no_scores(q, k) -> bool:
     return q.shape[2] == 0 or k.shape[2] == 0
 
 
+def _token_major(t: torch.Tensor) -> bool:
+    """Is ``t (B, H, T, D)`` the ``.transpose(1, 2)`` view of a contiguous ``(B, T, H, D)`` tensor
+    (rows of packed tokens, as flash attention's variable-length layout reads them)?"""
+    return t.transpose(1, 2).is_contiguous()
+
+
+def _flash_lengths(q, k, v, causal: bool, scale: float) -> bool:
+    """Can flash attention's variable-length forward take this kv_len call: CUDA (sm80+), 16-bit, D a
+    multiple of 8 up to 256, no mask but the lengths (its causal mask is bottom-right aligned,
+    kcourse's top-left), a positive scale, k and v token-major (a view of the packed layout)?"""
+    D = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D % 8 == 0 and D <= 256 and not causal
+            and 0 < scale < math.inf and _token_major(k) and _token_major(v) and q.stride(-1) == 1
+            and torch.backends.cuda.flash_sdp_enabled() and torch.cuda.get_device_capability(q.device) >= (8, 0))
+
+
+def _flash_with_lengths(q, k, v, kv_len, scale: float) -> torch.Tensor:
+    """out (B, H, Tq, D) from flash attention's variable-length forward: batch row b is a sequence of
+    Tq queries and the first kv_len[b] of its Tk key slots (``seqused_k``, clamped to [0, Tk]); the
+    kernel never reads the others, so what they hold does not matter. A row of no key gives 0."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    rows = q.transpose(1, 2).reshape(B * Tq, H, D)  # (B Tq, H, D): a copy only where q is not token-major
+    keys, values = (t.transpose(1, 2).reshape(B * Tk, Hkv, D) for t in (k, v))  # views: token-major
+    starts_q = torch.arange(0, (B + 1) * Tq, Tq, dtype=torch.int32, device=q.device)  # (B + 1,)
+    starts_k = torch.arange(0, (B + 1) * Tk, Tk, dtype=torch.int32, device=q.device)
+    out = torch.ops.aten._flash_attention_forward(rows, keys, values, starts_q, starts_k, Tq, Tk, 0.0, False, False,
+                                                  scale=scale, seqused_k=kv_len.clamp(0, Tk))[0]
+    return out.reshape(B, Tq, H, D).transpose(1, 2)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
     if math.isnan(scale) and not _no_scores(q, k):
         return torch.full_like(q, math.nan), (q, k, v)  # (B, H, Tq, D)
@@ -70,6 +104,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal:
         return _sdpa(q, k, v, causal, scale), (q, k, v)
     if _no_scores(q, k):
         return q.new_zeros(q.shape), (q, k, v)
+    if _flash_lengths(q, k, v, causal, scale):
+        out = _flash_with_lengths(q, k, v, kv_len, scale)
+        return out.masked_fill((kv_len <= 0)[:, None, None, None], 0.0), (q, k, v)
     # the hidden keys and values as zeros: SDPA masks scores, yet multiplies (and adds to a -inf
     # mask) whatever they hold, which in a cache's unwritten positions may be NaN
     keys = torch.arange(k.shape[2], device=k.device) < kv_len[:, None]  # (B, Tk): key j visible in row b
