@@ -5,12 +5,19 @@ accumulation for half types), and gathers of the target column:
     loss_i = lse_i - x_i,target_i = -log_softmax(x_i)[target_i]     0 where target_i == ignore_index
     out    = sum_i loss_i / n_valid  (mean)  |  sum_i loss_i  (sum)  |  loss  (none)
 
-The forward keeps ``lse_i = x_i,t - log_softmax(x_i)[t]`` (t the row's target, column 0 on ignored
-rows; float32, float64 for float64 logits) for the cache, and one ``amax`` of the logits for the
-+inf rule: a row holding +inf has lse +inf and loss +inf (NaN if the target logit itself is +inf),
-where log_softmax alone gives NaN. Half logits are upcast to float32 before log_softmax (ATen's CUDA
-softmax converts only float16 on the fly): a transient float32 copy of (N, V); the loss is computed in
-float32 and rounded once. n_valid = 0 gives NaN for the mean, as in torch.
+The forward's only (N, V) pass besides log_softmax is one ``amax`` of the logits for the +inf rule:
+a row holding +inf has lse +inf and loss +inf (NaN if the target logit itself is +inf), where
+log_softmax alone gives NaN. The cache keeps ``lse_i = x_i,t - log_softmax(x_i)[t]`` (t the row's
+target, column 0 on ignored rows; float32, float64 for float64 logits), never an (N, V) tensor.
+
+Precision of half logits, chosen to move no more bytes than ``F.cross_entropy``:
+- bfloat16: log_softmax in bfloat16 (float32 inside, each entry rounded once), so each row's loss is
+  rounded to bfloat16 before the float32 sum: torch's own numerics. A row's loss and lse are exact
+  to half an ulp of bfloat16 at |log p_t|.
+- float16 on CUDA: ATen's log_softmax writes float32 directly from float16 (``half_to_float``); on
+  the CPU, which has no such kernel, the logits are upcast first (a transient float32 copy). float16
+  log-probabilities below -65504 would overflow, so float16 never keeps them in its own dtype.
+The loss is summed in float32 and rounded once. n_valid = 0 gives NaN for the mean, as in torch.
 
 A target outside [0, V) that is not ignore_index is an error, never a silent NaN: on CUDA a
 device-side assert (``torch._assert_async``, no host sync) before the kernels run; on CPU the op's
@@ -19,9 +26,10 @@ fails in the gather (torch's own IndexError) before anything is returned.
 
 Backward: ``dx_ij = (softmax(x_i)_j - [j == target_i]) * g_i`` with ``g_i = dout / n_valid`` (mean),
 ``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows: ``torch.softmax`` recomputes the softmax in
-the logits' dtype (float32 inside, rounded once), scaled by g in place (rounded again for half
-types); the target column is then overwritten with ``(exp(x_t - lse) - 1) * g`` computed in float32
-(subtracting 1 from a rounded probability near 1 would cancel its digits).
+the logits' dtype (float32 inside, rounded once), scaled in place by g in the logits' dtype (a
+mixed-dtype in-place product runs far below bandwidth; for half logits g and the product are each
+rounded once more); the target column is then overwritten with ``(exp(x_t - lse) - 1) * g``
+computed in float32 (subtracting 1 from a rounded probability near 1 would cancel its digits).
 """
 import torch
 
@@ -43,13 +51,23 @@ def _columns(target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, target, 0).long()[:, None]
 
 
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) log-probabilities, in one pass over the logits where ATen has one: bfloat16, float32
+    and float64 in their own dtype; float16 in float32 (converted on the fly on CUDA, upcast first on
+    the CPU)."""
+    if logits.dtype != torch.float16:
+        return torch.log_softmax(logits, dim=1)
+    if logits.device.type == "cuda":
+        return torch._log_softmax(logits, 1, True)
+    return torch.log_softmax(logits.float(), dim=1)
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
     N, V = logits.shape
     valid = target != ignore_index
     _assert_targets(target, valid, V, ignore_index)
     cols = _columns(target, valid)
-    log_p = torch.log_softmax(acc(logits), dim=1)  # (N, V) in the accumulation dtype
-    log_p_t = log_p.gather(1, cols).squeeze(1)  # (N,)
+    log_p_t = acc(_log_softmax(logits).gather(1, cols)).squeeze(1)  # (N,)
     x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
     posinf = logits.amax(dim=1) == torch.inf  # (N,): rows holding +inf (log_softmax gives NaN there)
     lse = torch.where(posinf, torch.inf, x_t - log_p_t)
@@ -74,5 +92,5 @@ def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, 
     if row_weighted:
         g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
         d_t = d_t * g
-        dx.mul_(g[:, None])
+        dx.mul_(g.to(dx.dtype)[:, None])
     return dx.scatter_(1, cols, d_t.to(dx.dtype)[:, None]), None
