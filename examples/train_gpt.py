@@ -218,6 +218,12 @@ def autocast(args):
     return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)
 
 
+def when_training(compiled, eager):
+    """A forward that runs ``compiled`` while autograd records (training steps) and ``eager`` under
+    no_grad (evaluation, sampling), which would otherwise compile graphs of their own."""
+    return lambda *args, **kwargs: (compiled if torch.is_grad_enabled() else eager)(*args, **kwargs)
+
+
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                amp=contextlib.nullcontext) -> torch.Tensor:
     """One step; ``amp()`` makes the context of the forward (``lambda: autocast(args)``). Under FSDP2
@@ -306,7 +312,7 @@ def train(args) -> list[float]:
         mode = None if args.compile_mode in (None, "default") else args.compile_mode
         if args.dist:  # each block's forward compiled; DDP's and FSDP2's hooks around it stay eager
             for block in distributed.unwrap(model).h:
-                block.forward = torch.compile(block.forward, fullgraph=True, mode=mode)
+                block.forward = when_training(torch.compile(block.forward, fullgraph=True, mode=mode), block.forward)
         else:
             forward = torch.compile(model, fullgraph=True, mode=mode)
     amp = lambda: autocast(args)  # noqa: E731

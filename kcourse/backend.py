@@ -139,6 +139,8 @@ def backend_for(op: str, backend: str | None) -> str:
     """The backend a call of ``op`` runs on: ``backend``, else the active one. Eagerly it must run
     here and have a kernel for ``op`` (else a clear error now); under torch.compile the op's kernel
     lookup makes that check when the compiled code runs."""
+    if torch.compiler.is_dynamo_compiling():  # traced code never reads _RESOLVED: a guard on it would recompile
+        return get_backend() if backend is None else check_name(backend)
     if type(backend) is str and (op, backend) in _RESOLVED:  # the common case: one dict lookup
         return backend
     name = get_backend() if backend is None else check_name(backend)

@@ -181,6 +181,20 @@ def test_use_backend_switch_recompiles_and_runs_the_new_backend(monkeypatch):
     assert {b for _, b in ran} == {"python"}, ran
 
 
+def test_compiled_code_does_not_guard_on_the_backend_cache():
+    """A graph traced before an eager call fills the backend cache (backend._RESOLVED) still runs
+    after it: the traced code never reads the cache, so its filling is no guard failure."""
+    backend_module._RESOLVED.pop(("softmax", "pytorch"), None)
+    counting = Counting()
+    f = torch.compile(lambda x: blas.softmax(x, backend="pytorch"), backend=counting, fullgraph=True)
+    x = torch.randn(3, 5, device=DEVICE)
+    f(x)
+    blas.softmax(x, backend="pytorch")
+    assert ("softmax", "pytorch") in backend_module._RESOLVED
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert counting.graphs == 1
+
+
 @pytest.mark.parametrize("name", ["python", "pytorch"])
 @pytest.mark.parametrize("case", ["gemm_inner", "gemv_x", "attention_heads", "softmax_dim"])
 def test_compiled_invalid_arguments_raise_the_eager_error(name, case):

@@ -163,6 +163,17 @@ def test_scaling_rounds_pair_each_run_with_its_own_round():
     assert scaling.merge_rounds([{"error": "boom"}]) == {"error": "boom"}  # nothing measured: the failure
 
 
+def test_compiled_blocks_run_eagerly_outside_training():
+    """Under --dist --compile each Block's forward is compiled for the training step only:
+    evaluation and sampling (no_grad) run it eagerly rather than compiling graphs of their own."""
+    calls = []
+    forward = train_gpt().when_training(lambda x: calls.append("compiled") or x, lambda x: calls.append("eager") or x)
+    forward(1)
+    with torch.no_grad():
+        forward(2)
+    assert calls == ["compiled", "eager"]
+
+
 def test_bad_launches_are_clear_errors(monkeypatch, capsys):
     """Each rank reads the same environment, so each one stops with the same message."""
     parse = train_gpt().parse_args
