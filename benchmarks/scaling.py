@@ -135,8 +135,8 @@ def command(model: str, dist: str | None, n: int, args, c, run_dir: Path) -> lis
         train += ["--dist", dist]
     if args.amp is not None:
         train.append("--amp" if args.amp else "--no-amp")
-    if args.compile:
-        train.append("--compile")
+    if args.compile:  # on one GPU too, each Block compiled and the rest eager, as --dist compiles
+        train += ["--compile"] + ["--compile-blocks"] * (dist is None)
     return launch + entry + [str(a) for a in train]
 
 
@@ -184,7 +184,8 @@ def run(model: str, dist: str | None, n: int, args, c) -> dict:
     timed = m["step_s"][args.warmup:]
     median = statistics.median(timed)
     peaks = m["peak_memory_bytes"]
-    mode = "+".join(["autocast"] * m["amp"] + ["compile"] * m["compile"])
+    mode = "+".join(["autocast"] * m["amp"] + ["compile-blocks"] * (m["compile"] == "blocks")
+                    + ["compile"] * (m["compile"] == "model"))
     result.update(
         mode=f"{mode} {config_name(dist, n)}" if mode else config_name(dist, n), device=m["device"],
         parameters=m["parameters"], dtype=m["dtype"], amp=m["amp"], compile=m["compile"],
@@ -318,7 +319,8 @@ def main(argv=None) -> dict | None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast with float32 master weights (train_gpt.py's default: on on CUDA)")
-    p.add_argument("--compile", action="store_true", help="train_gpt.py --compile (each block compiled under --dist)")
+    p.add_argument("--compile", action="store_true",
+                   help="train_gpt.py --compile, each Block compiled (--compile-blocks on 1 GPU, as --dist does)")
     p.add_argument("--tiny", action="store_true", help="a tiny model: a smoke test of this script")
     p.add_argument("--time-limit", type=float, default=None, help="start no run after this many seconds")
     p.add_argument("--run-timeout", type=float, default=600, help="kill a run after this many seconds")

@@ -40,7 +40,8 @@ same windows and takes every world-th one (DistributedSampler's split), so the l
 one process at the same batch. Rank 0 alone prints, plots and writes losses.json; --dist fsdp
 checkpoints into --out/checkpoint/ (torch.distributed.checkpoint: every rank writes its shards),
 the other modes into --out/checkpoint.pt, and --resume reads either with any number of ranks.
---compile compiles each Block's forward (DDP's and FSDP2's hooks around it stay eager). Every rank
+--compile compiles each Block's forward (DDP's and FSDP2's hooks around it stay eager; without
+--dist, --compile-blocks does the same, a one-process baseline for it). Every rank
 must resolve the same backend (--backend, else KCOURSE_BACKEND): a mismatch stops every rank.
 On several nodes, the same command on each (and --out on a file system they all see):
 
@@ -138,6 +139,9 @@ def parse_args(argv=None):
                    help="forward under torch.autocast(bfloat16), float32 master weights "
                         "(default: on on CUDA with --dtype float32, else off)")
     p.add_argument("--compile", action="store_true", help="torch.compile(model, fullgraph=True) for training")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="compile each Block's forward only (implies --compile), the rest eager, as under "
+                        "--dist: the one-process baseline of a --dist --compile run")
     p.add_argument("--compile-mode", default=None,
                    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                    help="torch.compile's mode (implies --compile); reduce-overhead and max-autotune need CUDA")
@@ -160,7 +164,7 @@ def parse_args(argv=None):
         args.amp = cuda and args.dtype == "float32"
     elif args.amp and args.dtype != "float32":
         p.error("--amp keeps float32 master weights: use it with --dtype float32 (the default), or pass --no-amp")
-    if args.compile_mode is not None:
+    if args.compile_mode is not None or args.compile_blocks:
         args.compile = True
     if args.compile_mode in ("reduce-overhead", "max-autotune") and not cuda:
         p.error(f"--compile-mode {args.compile_mode} makes CUDA graphs: it needs a CUDA --device")
@@ -216,6 +220,12 @@ def autocast(args):
     if not args.amp:
         return contextlib.nullcontext()
     return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)
+
+
+def compile_scope(args) -> str:
+    """What --compile compiles: each Block's forward ("blocks": under --dist, or --compile-blocks),
+    else the whole model ("model")."""
+    return "blocks" if args.dist or args.compile_blocks else "model"
 
 
 def when_training(compiled, eager):
@@ -310,7 +320,7 @@ def train(args) -> list[float]:
     forward = model
     if args.compile:
         mode = None if args.compile_mode in (None, "default") else args.compile_mode
-        if args.dist:  # each block's forward compiled; DDP's and FSDP2's hooks around it stay eager
+        if compile_scope(args) == "blocks":  # each block's forward; DDP's and FSDP2's hooks around it stay eager
             for block in distributed.unwrap(model).h:
                 block.forward = when_training(torch.compile(block.forward, fullgraph=True, mode=mode), block.forward)
         else:
@@ -391,7 +401,7 @@ def write_metrics(args, group: distributed.Group, device: torch.device, step_s: 
         args.metrics.parent.mkdir(parents=True, exist_ok=True)
         args.metrics.write_text(json.dumps({
             "device": device_name, "world": group.world, "dist": args.dist, "backend": args.backend,
-            "dtype": args.dtype, "amp": args.amp, "compile": args.compile, "parameters": n_params,
+            "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args), "parameters": n_params,
             "tokens_per_step": args.batch_size * args.block_size, "step_s": step_s, "losses": losses,
             "peak_memory_bytes": peaks}))
 
