@@ -301,7 +301,7 @@ def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
         pytest.skip("CUDA graphs need CUDA")
     from kcourse.blas import _cache, _rope
     monkeypatch.setattr(_cache, "_ONES", {})
-    monkeypatch.setattr(_rope, "_TURNS", {})
+    monkeypatch.setattr(_rope, "_TABLES", {})
     if name == "cute":
         from kcourse.blas.cute import _compile
         monkeypatch.setattr(_compile, "_workspaces", {})

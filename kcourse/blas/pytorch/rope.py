@@ -1,30 +1,33 @@
 """rope: rotary position embedding of ``x (..., T, D)``, the Hugging Face ``rotate_half`` form.
 
-    theta[t, i] = p_t * base^(-2i/D),  emb = [theta, theta] (T, D)
-    y  = x cos(emb) + rotate_half(x) sin(emb),     rotate_half([x1, x2]) = [-x2, x1]
-    dx = dy cos(emb) - rotate_half(dy) sin(emb)    (the rotation by -theta: it is orthogonal)
+    theta[t, i] = p_t * base^(-2i/D)   (T, D/2),   x = [x1, x2] (halves of D)
+    y  = [x1 cos - x2 sin,  x2 cos + x1 sin]      (x cos(emb) + rotate_half(x) sin(emb))
+    dx = [dy1 cos + dy2 sin,  dy2 cos - dy1 sin]  (the rotation by -theta: it is orthogonal)
 
-cos and sin are taken of float64 angles (a float32 angle at position p is off by up to p * 2^-24),
-then cast to float32 (float64 for float64), where the rotation is computed and rounded once.
-Cache: ``(positions,)``.
+theta is float64 (a float32 angle at position p is off by up to p * 2^-24; the frequencies are
+``_rope.radians``, cached per (D, base, device)); its cos and sin are written in float32 (float64 for
+float64), where the rotation is computed: each half is one product and one ``addcmul`` written
+straight into the output's dtype, rounded once. Eight small kernels a call, where a decode step makes
+two calls a layer. Cache: ``(positions,)``.
 """
 import torch
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+from .. import _rope
 
 
 def _rotate(x: torch.Tensor, positions, base: float, sign: float) -> torch.Tensor:
     """``x`` rotated by ``sign * theta``."""
     T, D = x.shape[-2:]
     acc = torch.promote_types(x.dtype, torch.float32)
-    p = torch.arange(T, device=x.device) if positions is None else positions
-    inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)  # (D/2,)
-    emb = torch.outer(p.double(), inv_freq).repeat(1, 2)  # (T, D)
-    xa = x.to(acc)
-    return (xa * emb.cos().to(acc) + _rotate_half(xa) * (sign * emb.sin()).to(acc)).to(x.dtype)
+    p = torch.arange(T, dtype=torch.float64, device=x.device) if positions is None else positions.double()
+    theta = torch.outer(p, _rope.radians(D, base, x.device))  # (T, D/2) float64
+    cos = torch.cos(theta, out=torch.empty(theta.shape, dtype=acc, device=x.device))
+    sin = torch.sin(theta, out=torch.empty(theta.shape, dtype=acc, device=x.device))
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    (x1, x2), (y1, y2) = x.chunk(2, dim=-1), y.chunk(2, dim=-1)
+    torch.addcmul(x1 * cos, x2, sin, value=-sign, out=y1)  # x1 * cos is in acc: the sum is formed there
+    torch.addcmul(x2 * cos, x1, sin, value=sign, out=y2)
+    return y
 
 
 def rope(x: torch.Tensor, positions, base: float):
