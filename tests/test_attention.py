@@ -567,6 +567,16 @@ def test_attention_kv_len_token_major_cache(backend, dtype, D):
         assert_close(out, expected)
 
 
+def test_sequence_starts_are_made_once():
+    # flash attention's cu_seqlens for B sequences of T tokens, kept between calls (a kernel less a call)
+    from kcourse.blas import _cache
+    device = torch.device(DEVICE)
+    starts = _cache.starts(3, 5, device)
+    assert starts.dtype == torch.int32 and starts.tolist() == [0, 5, 10, 15]
+    assert _cache.starts(3, 5, device) is starts
+    assert _cache.starts(2, 0, device).tolist() == [0, 0, 0]
+
+
 def test_attention_kv_len_of_all_keys_is_attention(backend):
     q, k, v = qkv(3, 4, 2, 1, 45, 64, torch.float16)
     full = torch.full((3,), 45, dtype=torch.int32, device=DEVICE)

@@ -302,6 +302,7 @@ def test_gpt_reduce_overhead_matches_eager(name, monkeypatch):
     from kcourse.blas import _cache, _rope
     monkeypatch.setattr(_cache, "_ONES", {})
     monkeypatch.setattr(_rope, "_TABLES", {})
+    monkeypatch.setattr(_cache, "_STARTS", {})
     if name == "cute":
         from kcourse.blas.cute import _compile
         monkeypatch.setattr(_compile, "_workspaces", {})

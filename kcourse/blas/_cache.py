@@ -1,6 +1,6 @@
 """When a tensor made inside an op may be kept for later calls (the host-side caches of constant
-tables and scratch memory: ``ones``, ``_rope.turns``, cute's ``workspace`` and attention
-schedules)."""
+tables and scratch memory: ``ones``, ``starts``, ``_rope.turns``, cute's ``workspace`` and
+attention schedules)."""
 from __future__ import annotations
 
 import sys
@@ -44,3 +44,22 @@ def ones(n: int, like: torch.Tensor) -> torch.Tensor:
         if keepable(one.device):
             _ONES[key] = one
     return one.expand(n)
+
+
+_STARTS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def starts(B: int, T: int, device: torch.device) -> torch.Tensor:
+    """``0, T, 2T, ..., BT`` (int32, ``(B + 1,)``): where each of B sequences of T tokens starts in
+    their packed rows (flash attention's ``cu_seqlens``), made once per (B, T, device) rather than
+    by a kernel per call; cached under the same rule as ``ones``."""
+    key = (B, T, device)
+    table = _STARTS.get(key)
+    if table is None:
+        table = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device) if T else \
+            torch.zeros(B + 1, dtype=torch.int32, device=device)
+        if keepable(table.device):
+            if len(_STARTS) > 256:
+                _STARTS.clear()
+            _STARTS[key] = table
+    return table

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .. import _cache
+
 # SDPA's cuDNN backend is left out: on an H100 with torch 2.11 its backward returned wrong bfloat16
 # gradients in our GPU tests (dq off by up to 6 at T = 2048..8192, head dim 128; see also
 # pytorch/pytorch#196678). The flash, memory-efficient and math backends agree with the reference.
@@ -90,8 +92,7 @@ def _flash_with_lengths(q, k, v, kv_len, scale: float) -> torch.Tensor:
     Hkv, Tk = k.shape[1], k.shape[2]
     rows = q.transpose(1, 2).reshape(B * Tq, H, D)  # (B Tq, H, D): a copy only where q is not token-major
     keys, values = (t.transpose(1, 2).reshape(B * Tk, Hkv, D) for t in (k, v))  # views: token-major
-    starts_q = torch.arange(0, (B + 1) * Tq, Tq, dtype=torch.int32, device=q.device)  # (B + 1,)
-    starts_k = torch.arange(0, (B + 1) * Tk, Tk, dtype=torch.int32, device=q.device)
+    starts_q, starts_k = _cache.starts(B, Tq, q.device), _cache.starts(B, Tk, q.device)  # (B + 1,) int32
     out = torch.ops.aten._flash_attention_forward(rows, keys, values, starts_q, starts_k, Tq, Tk, 0.0, False, False,
                                                   scale=scale, seqused_k=kv_len.clamp(0, Tk))[0]
     return out.reshape(B, Tq, H, D).transpose(1, 2)
