@@ -272,9 +272,11 @@ def rows_from_peers(results: dict) -> list[dict]:
     for p in results["points"]:
         if p["status"] != "ok" or not p.get("checked") or p.get("ms") is None:
             continue
+        tflops = p.get("tflops")  # gemm's; the memory-bound ops' rate is GB/s
         rows.append(_clean(dict(
             op=p["op"], backend=p["backend"], shape=shape_text(p), dtype=p["dtype"], direction=p["direction"],
-            mode="peers", ms=_round(p["ms"]), rate=_round(p.get("gbs")), unit="GB/s", fraction=_round(p.get("ratio")),
+            mode="peers", ms=_round(p["ms"]), rate=_round(tflops if tflops is not None else p.get("gbs")),
+            unit="TFLOP/s" if tflops is not None else "GB/s", fraction=_round(p.get("ratio")),
             ceiling=p.get("ceiling_name"), baseline=p.get("best_peer"), ratio=_round(p.get("ratio")),
             role="peer" if p.get("peer") else None, device=meta["device"], date=meta["date_utc"],
             versions=versions, commit=_commit(meta))))
@@ -381,7 +383,8 @@ def latest(rows: list[dict]) -> dict[str, list[dict]]:
 # ----------------------------------------------------------------------------- the summaries
 
 OP_ORDER = ("copy", "swap", "scal", "axpby", "dot", "gemv", "geru", "gemm", "softmax", "log_softmax",
-            "cross_entropy", "layer_norm", "rms_norm", "attention", "gpt_train", "gpt_decode")
+            "cross_entropy", "layer_norm", "rms_norm", "swiglu", "rope", "embedding", "attention", "gpt_train",
+            "gpt_decode")
 BACKENDS = ("python", "pytorch", "triton", "cute")
 
 
@@ -474,7 +477,7 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             sorted((r for r in rows if r.get("direction") == "fwd+bwd" and r["mode"] in FUSED_MODES),
                    key=lambda r: (r["op"], r["shape"], _order(r), r["mode"])))
     section("Against the peers (`benchmarks/peers.py`)",
-            "Per op, direction, dtype and kcourse backend, over the row lengths: the best peer's ms over ours at "
+            "Per op, direction, dtype and kcourse backend, over the op's sizes: the best peer's ms over ours at "
             "each point (above 1: faster than every peer; target >= 1.00 everywhere, >= 0.95 at no more than two "
             "points per op).",
             "op | dir | dtype | backend | lowest> | at (best peer) | highest> | points below 1.00x> | date",
