@@ -110,7 +110,7 @@ import torch.nn.functional as F
 
 from benchmarks import timing
 from benchmarks.common import environment, usable_backends
-from benchmarks.run import (LAYER_NORM_EPS, OPS, RMS_NORM_EPS, TARGETS, TIMING, Case, Op, leaf, measure, new_point,
+from benchmarks.run import (LAYER_NORM_EPS, OPS, RMS_NORM_EPS, TIMING, Case, Op, leaf, measure, new_point,
                             per_direction, randn, rates, retime)
 from benchmarks.summarize import COLORS, MARKERS, notes, shape_text
 from kcourse import blas
@@ -231,8 +231,6 @@ PEER_OPS = {op.name: op for op in [
         OPS["gemm"], make=gemm_inputs, shape=list, size=gemm_flops, expect=None, grads=(0, 1),
         flops=gemm_flops, bwd_flops=lambda n: 2 * gemm_flops(n)),  # two products: dA = dC B^T, dB = A^T dC
 ]}
-for _name in PEER_OPS:  # run.py's new_point reads each op's copy_-bandwidth target; here every point's
-    TARGETS.setdefault(_name, None)  # target is its ratio to the best peer (rank), so these ops need none
 SIZES = {  # op -> (device, quick) -> the size (Case.n) of each point
     **{op: {k: [(ELEMENTS[k[0]] // d, d) for d in cols] for k, cols in COLUMNS.items()} for op in ROW_OPS},
     "swiglu": {k: [(ELEMENTS[k[0]] // f, f) for f in cols] for k, cols in SWIGLU_COLUMNS.items()},

@@ -478,7 +478,7 @@ def new_point(case: Case, backend: str, direction: str) -> dict:
     return dict(op=op.name, level=op.level, dtype=str(case.dtype).removeprefix("torch."), size=op.size(case.n),
                 shape=op.shape(case.n), **op.tags(case.n), direction=direction, backend=backend,
                 target=case.target, status="ok", checked=False, ms=None, gbs=None, tflops=None, fraction=None,
-                target_fraction=BACKEND_TARGETS.get(backend, {}).get(op.name, TARGETS[op.name]),
+                target_fraction=BACKEND_TARGETS.get(backend, {}).get(op.name, TARGETS.get(op.name)),
                 ceiling_name=op.reference_name if op.flops else "copy_ bandwidth")
 
 
