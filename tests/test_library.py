@@ -92,7 +92,8 @@ def _forward_args(op, backend, grad=True):
         "relu": [(t(3, 5),)],
         "swiglu": [(t(3, 5), t(3, 5))],
         "embedding": [(torch.tensor([[1, 3], [3, 0]], device=DEVICE), t(6, 4))],
-        "rope": [(t(2, 3, 4, 6), None, 10000.0), (t(3, 4), torch.tensor([5, 0, 2], device=DEVICE), 500.0)],
+        "rope": [(t(2, 3, 4, 6), None, 10000.0), (t(3, 4), torch.tensor([5, 0, 2], device=DEVICE), 500.0),
+                 (t(2, 4, 3, 6).transpose(1, 2).detach().requires_grad_(grad), None, 10000.0)],  # q's layout
         "attention": [(t(1, 2, 4, 8), t(1, 1, 5, 8), t(1, 1, 5, 8), None, True, 0.35),
                       (t(2, 2, 3, 4), t(2, 2, 3, 4), t(2, 2, 3, 4), None, False, 0.5),
                       # a static KV cache (inference only: no gradient)

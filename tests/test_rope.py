@@ -97,6 +97,24 @@ def test_rope_positions_view(backend):
     assert torch.equal(blas.rope(x, backend=backend), blas.rope(x, positions=default, backend=backend))
 
 
+def test_rope_layouts(backend):
+    # y is laid out as x and dx as dy where they are dense: a permuted q or k (or its gradient) is
+    # read through its strides, never copied; eagerly and compiled (the fake strides are the same)
+    x, dy = make_x((2, 3, 5, 8), layout="heads"), make_x((2, 3, 5, 8), layout="heads")
+    y_ref, dx_ref = rope_and_grad(x.contiguous(), dy.contiguous(), 10000.0, None, "python")
+
+    def rope(x):
+        return blas.rope(x, backend=backend)
+
+    for run in (rope, torch.compile(rope, backend="aot_eager", fullgraph=True)):
+        x_leaf = x.detach().requires_grad_(True)
+        y = run(x_leaf)
+        (dx,) = torch.autograd.grad(y, x_leaf, dy)
+        assert (y.stride(), dx.stride()) == (x.stride(), dy.stride())
+        assert_close(y, y_ref)
+        assert_close(dx, dx_ref)
+
+
 def test_rope_is_a_rotation(backend):
     # norms of the pairs are kept; position 0 is the identity
     x = randn(4, 6, 64)

@@ -629,7 +629,8 @@ class Primitive:
     extras: Callable = lambda *inputs, **params: []  # the forward's other tensors, empty
     grads: tuple = ("dout",)  # per input, where its gradient's shape comes from: "dout", "row"
     #                           (the last dim of dout), a name in ``saved``, or None (not differentiable)
-    strided_dout: bool = False  # the backward kernels read dout through its strides
+    strided_dout: bool = False  # the backward kernels read dout through its strides, and a gradient of
+    #                             dout's shape ("dout" in ``grads``) is laid out as dout (empty_like)
     outs: tuple[str, ...] = ("out",)  # the differentiable outputs, the first of dout's shape; names for ``saved``
     tied: tuple[tuple[int, int], ...] = ()  # (i, j): input i's gradient is input j's (x + residual: the same),
     #                                         computed once, as j's, and returned for both
@@ -669,7 +670,11 @@ def _conform(out: Tensor, spec: "Primitive", inputs: tuple) -> Tensor:
     kernel chose another one)."""
     if spec.out is not _like:
         return out.contiguous()
-    x = inputs[0]
+    return _laid_out_as(out, inputs[0])
+
+
+def _laid_out_as(out: Tensor, x: Tensor) -> Tensor:
+    """``out`` (of ``x``'s shape) laid out as ``torch.empty_like(x)`` would be: itself, or a copy."""
     if x.is_contiguous() and out.is_contiguous():
         return out
     if out.stride() == torch.empty_like(x, device="meta").stride():
@@ -772,7 +777,7 @@ PRIMITIVES: dict[str, Primitive] = {
                            saved=("indices", "weight"), grads=(None, "weight")),
     "rope": Primitive("Tensor x, Tensor? positions", "float base",
                       lambda b, x, pos, p: _check.check_rope(b, x, p["base"], pos), _like,
-                      saved=("positions",), grads=("dout", None)),
+                      saved=("positions",), grads=("dout", None), strided_dout=True),
     "attention": Primitive("Tensor q, Tensor k, Tensor v, Tensor? kv_len", "bool causal, float scale",
                            lambda b, q, k, v, kv_len, p: _check.check_attention(b, q, k, v, kv_len, **p), _dense,
                            saved=("q", "k", "v", "out"), extras=_attention_lse, grads=("q", "k", "v", None),
@@ -825,7 +830,8 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         needs = kernel_needs(needs)
         grads = backends.backward_kernel(backend, op)((dout, *douts) if k > 1 else dout, tuple(saved), tuple(needs),
                                                       **p, **({"in_place": True} if in_place else {}))
-        return [g.contiguous() for g, need in zip(grads, needs) if need]
+        return [_laid_out_as(g, dout) if spec.strided_dout and where == "dout" else g.contiguous()
+                for g, where, need in zip(grads, spec.grads, needs) if need]
 
     def backward_fake(dout, *rest):
         saved, needs, *args = rest[k - 1:]
@@ -834,7 +840,8 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         # a gradient has its input's dtype: dout's for "dout" and "row" (whose inputs have the output's
         # dtype), the saved input's own otherwise (linear_cross_entropy's float32 loss under autocast
         # has bf16 inputs: inductor allocates and reads each buffer as this says)
-        return [dout.new_empty(shapes[g]) if g in shapes else named[g].new_empty(named[g].shape)
+        return [torch.empty_like(dout) if spec.strided_dout and g == "dout"
+                else dout.new_empty(shapes[g]) if g in shapes else named[g].new_empty(named[g].shape)
                 for g, need in zip(spec.grads, kernel_needs(needs)) if need]
 
     more = "".join(f"Tensor? d{name}, " for name in spec.outs[1:])  # the other outputs' gradients (None: zero)

@@ -23,7 +23,7 @@ def _rotate(x: torch.Tensor, positions, base: float, sign: float) -> torch.Tenso
     theta = torch.outer(p, _rope.radians(D, base, x.device))  # (T, D/2) float64
     cos = torch.cos(theta, out=torch.empty(theta.shape, dtype=acc, device=x.device))
     sin = torch.sin(theta, out=torch.empty(theta.shape, dtype=acc, device=x.device))
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)  # laid out as x where x is dense (a permuted q or k: no copy)
     (x1, x2), (y1, y2) = x.chunk(2, dim=-1), y.chunk(2, dim=-1)
     torch.addcmul(x1 * cos, x2, sin, value=-sign, out=y1)  # x1 * cos is in acc: the sum is formed there
     torch.addcmul(x2 * cos, x1, sin, value=sign, out=y2)
