@@ -99,7 +99,8 @@ def test_rope_positions_view(backend):
 
 def test_rope_layouts(backend):
     # y is laid out as x and dx as dy where they are dense: a permuted q or k (or its gradient) is
-    # read through its strides, never copied; eagerly and compiled (the fake strides are the same)
+    # read through its strides, never copied. Compiled, y keeps x's layout (the fake strides are the
+    # real ones); dx's layout there is AOTAutograd's to choose (torch 2.11 makes the tangent contiguous)
     x, dy = make_x((2, 3, 5, 8), layout="heads"), make_x((2, 3, 5, 8), layout="heads")
     y_ref, dx_ref = rope_and_grad(x.contiguous(), dy.contiguous(), 10000.0, None, "python")
 
@@ -110,7 +111,8 @@ def test_rope_layouts(backend):
         x_leaf = x.detach().requires_grad_(True)
         y = run(x_leaf)
         (dx,) = torch.autograd.grad(y, x_leaf, dy)
-        assert (y.stride(), dx.stride()) == (x.stride(), dy.stride())
+        assert y.stride() == x.stride()
+        assert run is not rope or dx.stride() == dy.stride()
         assert_close(y, y_ref)
         assert_close(dx, dx_ref)
 
