@@ -21,16 +21,18 @@ two operands of one rotation, moved by ``CopyUniversalOp`` atoms of ``VEC * bits
 when D has unit stride, D / 2, the other strides are multiples of VEC and the bases are 16-byte
 aligned (checked on the host; 8, 4 bytes or single elements through dynamic strides otherwise).
 
-Tiling. A CTA of 256 threads is a (SLOTS, LANES) grid: LANES threads side by side cover a row's W
+Tiling. A CTA of 128 threads is a (SLOTS, LANES) grid: LANES threads side by side cover a row's W
 vectors of each half (a power of two >= W, at most 32; more vectors are a loop). Each slot takes a
-task (position t, row block b) and rotates ROWS = min(2, N) rows b, b + B, ... at that position
+task (position t, row block b) and rotates ROWS rows b, b + B, ... at that position (ROWS = 1 here)
 (B = ceil(N / ROWS) blocks per position; consecutive slots hold consecutive blocks, so at each step
 they touch consecutive rows: contiguous memory for the (..., T, H, D) layout). A thread computes
 the cos/sin of its VEC pairs once per task and column step and applies them to its ROWS rows; it
 issues all 2 ROWS vector loads before any math, then rotates, rounds and stores row by row. The
 loads are not predicated: a row past the last one is clamped to the last row (read again, not
-stored); predicated loads cost ptxas ~50 more registers. ROWS = 2 keeps a bfloat16 kernel at ~74
-registers (3 CTAs per SM, 48 KB of loads in flight per SM); ROWS = 4 took 128 (2 CTAs). The grid
+stored); predicated loads cost ptxas ~50 more registers. On an H200 (2^27 elements, bfloat16, q's
+layout or contiguous) 128 threads and ROWS = 1 take 146 us, 256 threads and ROWS = 2 160 us, 512
+threads 158-211 us (float32: 270-281 us for 128 or 256 threads, any ROWS); triton's kernel takes
+133 us and quack's 133-135 us there (what holds this kernel back is not profiled). The grid
 is ``ceil(T * B / SLOTS)`` CTAs (no limit on T); offsets are 64-bit.
 
 Angles: a float32 theta at position p is off by up to p * 2^-24 radians (6e-5 at p = 1000), so the
@@ -60,8 +62,8 @@ from .. import _host
 from . import _compile, _reduce
 from ._elementwise import coordinate
 
-THREADS = 256
-ROWS = 2  # rows per task: each cos/sin serves this many rows (4 costs ~128 registers, see the doc)
+THREADS = 128
+ROWS = 1  # rows per task: each cos/sin serves this many rows (more measured slower, see the doc)
 TWO_PI = 2 * math.pi
 
 
