@@ -35,7 +35,8 @@ above it:
                                            ``x1``, ``ddp x2``, ``autocast fsdp x2`` ... over GPUs; decode (op
                                            ``gpt_decode``, direction ``decode``, ms a decode step): ``eager``,
                                            ``static``, ... (benchmarks/decode.py); ``peers`` for kcourse against
-                                           the libraries a user would pick instead (benchmarks/peers.py)
+                                           the libraries a user would pick instead (benchmarks/peers.py),
+                                           ``peers graphed`` for the same timed as CUDA-graph replays
                                            ``cold start``: the first eager step of a new process, with the
                                            compiled kernels and tuning picks of an earlier one on disk
                                            (``first_step_s``; ``process_s`` the whole process; benchmarks/gpt.py
@@ -275,7 +276,8 @@ def rows_from_peers(results: dict) -> list[dict]:
         tflops = p.get("tflops")  # gemm's; the memory-bound ops' rate is GB/s
         rows.append(_clean(dict(
             op=p["op"], backend=p["backend"], shape=shape_text(p), dtype=p["dtype"], direction=p["direction"],
-            mode="peers", ms=_round(p["ms"]), rate=_round(tflops if tflops is not None else p.get("gbs")),
+            mode="peers graphed" if meta.get("graphed") else "peers", ms=_round(p["ms"]),
+            rate=_round(tflops if tflops is not None else p.get("gbs")),
             unit="TFLOP/s" if tflops is not None else "GB/s", fraction=_round(p.get("ratio")),
             ceiling=p.get("ceiling_name"), baseline=p.get("best_peer"), ratio=_round(p.get("ratio")),
             role="peer" if p.get("peer") else None, device=meta["device"], date=meta["date_utc"],
@@ -479,9 +481,10 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
     section("Against the peers (`benchmarks/peers.py`)",
             "Per op, direction, dtype and kcourse backend, over the op's sizes: the best peer's ms over ours at "
             "each point (above 1: faster than every peer; target >= 1.00 everywhere, >= 0.95 at no more than two "
-            "points per op).",
-            "op | dir | dtype | backend | lowest> | at (best peer) | highest> | points below 1.00x> | date",
-            lambda r: (r["op"], r["direction"], r["dtype"], r["backend"], f"{r['lowest']:.2f}x",
+            "points per op). Timed eagerly, or as CUDA-graph replays (`--graphed`: the kernels without the host).",
+            "op | dir | dtype | backend | timed | lowest> | at (best peer) | highest> | points below 1.00x> | date",
+            lambda r: (r["op"], r["direction"], r["dtype"], r["backend"],
+                       "graphed" if r["mode"] == "peers graphed" else "eager", f"{r['lowest']:.2f}x",
                        f"{r['shape']} ({r['baseline']})", f"{r['highest']:.2f}x", f"{r['below']} of {r['points']}",
                        r["date"][:10]),
             peer_ranges(rows))
@@ -495,13 +498,16 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+PEER_MODES = ("peers", "peers graphed")  # benchmarks/peers.py eagerly, and with --graphed (kernels alone)
+
+
 def peer_ranges(rows: list[dict]) -> list[dict]:
     """Per (op, direction, dtype, kcourse backend) of the ``peers`` rows: the lowest ratio to the best
     peer (its row's fields), the highest and how many are below 1."""
     groups = defaultdict(list)
     for r in rows:
-        if r.get("mode") == "peers" and not r.get("role") and r.get("ratio") is not None:
-            groups[(r["op"], r["direction"], r["dtype"], r["backend"])].append(r)
+        if r.get("mode") in PEER_MODES and not r.get("role") and r.get("ratio") is not None:
+            groups[(r["mode"], r["op"], r["direction"], r["dtype"], r["backend"])].append(r)
     out = []
     for group in groups.values():
         ratios = [r["ratio"] for r in group]

@@ -76,7 +76,11 @@ Method
   tol x max |expected|; fwd+bwd: the output and every input gradient). A wrong result is reported
   as WRONG and not timed. That first call also pays JIT compiles and autotuning.
 * Time: ``benchmarks/timing.py``'s timer (CUDA: ``do_bench`` median, L2 flushed before each call;
-  CPU: a ``perf_counter`` median, a smoke test, not a benchmark). ``--rounds R``: every timed call
+  CPU: a ``perf_counter`` median, a smoke test, not a benchmark). ``--graphed``: each call captured
+  in a CUDA graph and its replay timed (``timing.graph_ms``), the kernels without the host: an eager
+  forward and backward of ~0.3 ms is host-bound on some hosts for every library (on an H200 host,
+  ``torch.autograd.grad`` alone took 150-250 us of a rope step's ~300), so the eager ratio there
+  measures Python, not kernels; a call that cannot be captured is an error point. ``--rounds R``: every timed call
   of a point is timed R - 1 more times, in turn, and keeps its fastest median.
 * Ratio: at each point the best peer is the fastest peer that ran and passed its check there; every
   point's ratio is the best peer's ms over its own (above 1: faster than every peer; a peer's is at
@@ -636,6 +640,7 @@ def metadata(args, backends: list[str], skipped: dict, timer_text: str) -> dict:
                 shapes={op: [op_named(op).shape(n) for n in SIZES[op][args.device, args.quick]] for op in args.ops},
                 x_labels={op: x_label(op, args.device) for op in args.ops}, directions=list(DIRECTIONS),
                 backends=backends, skipped_backends=skipped, quick=args.quick, rounds=args.rounds, timer=timer_text,
+                graphed=args.graphed,
                 target=TARGET, slack=SLACK, slack_points=SLACK_POINTS)
 
 
@@ -669,6 +674,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=1,
                         help="time each call this many times, in turn; keep the fastest")
     parser.add_argument("--cpu-compile", action="store_true", help="on --device cpu, run the torch.compile peer too")
+    parser.add_argument("--graphed", action="store_true",
+                        help="time each call's CUDA-graph replay: the kernels without the host (CUDA only)")
     parser.add_argument("--from", dest="source", type=Path,
                         help="run nothing: rewrite peers.md and the plots in --out from this peers.json")
     args = parser.parse_args(argv)
@@ -678,6 +685,8 @@ def parse_args(argv=None):
     args.backends = [b for b in args.backends.split(",") if b]
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.graphed and args.device != "cuda":
+        parser.error("--graphed needs --device cuda (CUDA graphs)")
     if args.device == "cuda" and not torch.cuda.is_available() and not args.source:
         parser.error("no CUDA device here; use --device cpu for a smoke test")
     return args
@@ -694,6 +703,9 @@ def main(argv=None) -> dict:
     timer = timing.timer(args.device, warmup, rep)
     timer_text = (f"triton.testing.do_bench(warmup={warmup}, rep={rep}, return_mode='median'), L2 flushed per call"
                   if args.device == "cuda" else "time.perf_counter median of 7 calls (CPU smoke test, not a benchmark)")
+    if args.graphed:
+        timer = lambda fn: timing.graph_ms(fn, warmup, rep)  # noqa: E731
+        timer_text = f"each call's CUDA graph replayed, {timer_text} (the kernels without the host)"
     start = time.perf_counter()
     torch.manual_seed(0)
     meta = metadata(args, backends, skipped, timer_text)

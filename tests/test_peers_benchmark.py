@@ -200,3 +200,19 @@ def test_quack_and_liger_calls_of_the_new_ops(modules, tmp_path, monkeypatch):
                    ("gemm", "quack"), *((op, "pytorch") for op in (*peers.MORE_OPS, "gemm"))}
     for p in results["points"]:
         assert p["checked"] or p["status"] == "not implemented", p
+
+
+def test_graphed_runs_are_their_own_rows(modules, cpu_run, tmp_path):
+    # --graphed times CUDA-graph replays: its rows are mode "peers graphed", apart from the eager ones
+    peers, history = modules
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--out", str(tmp_path), "--device", "cpu", "--graphed"])
+    out, results = cpu_run
+    graphed = dict(results, meta=dict(results["meta"], graphed=True, date_utc="2000-01-01 00:00:00"))
+    (tmp_path / "peers.json").write_text(json.dumps(graphed))
+    eager, replayed = history.rows_from_file(out / "peers.json"), history.rows_from_file(tmp_path / "peers.json")
+    assert len(replayed) == len(eager) > 0
+    assert {r["mode"] for r in replayed} == {"peers graphed"} and {r["mode"] for r in eager} == {"peers"}
+    ranges = history.peer_ranges(eager + replayed)
+    assert {r["mode"] for r in ranges} == {"peers", "peers graphed"}
+    assert len(ranges) == 2 * len(history.peer_ranges(eager))
