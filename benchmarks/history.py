@@ -11,9 +11,11 @@
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
 ``benchmarks/results/history.jsonl`` holds one JSON object a line: for each run, first a run line
-``{"run": {"device", "date", "versions", "commit"}}`` (where, when and with what it ran), then one line
-per measured point, which ``load`` returns with the device, date, versions and commit of the run line
-above it:
+``{"run": {"device", "date", "versions", "commit"}, "same": {...}, "columns": [...]}`` (where, when
+and with what it ran; the fields every point of the run shares; the names of the others), then one
+JSON array a measured point, its values in ``columns``' order (null: absent), which ``load`` returns
+as a dict with the shared fields and the device, date, versions and commit of the run line above it.
+The fields:
 
     op, backend, shape, dtype, direction   what was timed (``backend`` is torch's own op for a reference row)
     ms                                     median milliseconds of one call
@@ -52,6 +54,7 @@ and training throughput) and ``latest/<device>.png`` (fraction of the ceiling at
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -325,28 +328,41 @@ def load(path: Path = HISTORY) -> list[dict]:
     """Every measured point, each with its run's versions and commit."""
     if not path.exists():
         return []
-    rows, run = [], {}
+    rows, run, same, columns = [], {}, {}, []
     for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if "run" in row:
-                run = row["run"]
-            else:
-                rows.append({**row, **{k: run[k] for k in ("device", "date", *RUN_FIELDS) if k in run}})
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if isinstance(row, dict) and "run" in row:
+            run, same, columns = row["run"], row.get("same", {}), row.get("columns", [])
+            continue
+        point = {**same, **{k: v for k, v in zip(columns, row) if v is not None}} if isinstance(row, list) else row
+        rows.append({**point, **{k: run[k] for k in ("device", "date", *RUN_FIELDS) if k in run}})
     return rows
 
 
 def write(rows: list[dict], f) -> None:
-    """``rows`` (sorted by date) as history lines: a run line wherever the run changes, then its points
-    without what the run line holds."""
-    run = None
-    for row in rows:
-        header = {"device": row["device"], "date": row["date"], **{k: row[k] for k in RUN_FIELDS if k in row}}
-        if header != run:
-            run = header
-            f.write(json.dumps({"run": header}, separators=(",", ":")) + "\n")
-        f.write(json.dumps({k: v for k, v in row.items() if k not in ("device", "date", *RUN_FIELDS)},
-                           separators=(",", ":")) + "\n")
+    """``rows`` (sorted by date) as history lines: for each stretch of one run, a run line (the run, the
+    fields its points share, the names of the others), then one array of values a point."""
+    compact = dict(separators=(",", ":"))
+    for _, stretch in itertools.groupby(rows, key=_run_of):
+        stretch = list(stretch)
+        header = {"device": stretch[0]["device"], "date": stretch[0]["date"],
+                  **{k: stretch[0][k] for k in RUN_FIELDS if k in stretch[0]}}
+        points = [{k: v for k, v in r.items() if k not in ("device", "date", *RUN_FIELDS)} for r in stretch]
+        names = list(dict.fromkeys(k for p in points for k in p))
+        text = [{k: json.dumps(v) for k, v in p.items()} for p in points]  # compared as written: 1 is not 1.0
+        same = {k: points[0][k] for k in names
+                if len(points) > 1 and k in text[0] and all(t.get(k) == text[0][k] for t in text)}
+        columns = [k for k in names if k not in same]
+        f.write(json.dumps({"run": header, "same": same, "columns": columns}, **compact) + "\n")
+        for p in points:
+            f.write(json.dumps([p.get(k) for k in columns], **compact) + "\n")
+
+
+def _run_of(row: dict) -> str:
+    """What identifies a row's run: its device, date, versions and commit."""
+    return json.dumps([row["device"], row["date"], *(row.get(k) for k in RUN_FIELDS)])
 
 
 def add(paths: list[Path], history: Path = HISTORY, ab_base: bool = False) -> int:

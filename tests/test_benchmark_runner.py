@@ -60,7 +60,9 @@ def test_history_rows_of_a_run(bench, cpu_run, tmp_path):
     assert history.add([out / "results.json"], file) == 0  # a run is added once
     assert history.load(file) == sorted(rows, key=lambda r: r["date"])  # each point with its run's versions
     lines = [json.loads(line) for line in file.read_text().splitlines()]
-    assert [line["run"]["date"] for line in lines if "run" in line] == [rows[0]["date"]]  # once per run
+    runs = [line for line in lines if isinstance(line, dict)]
+    assert [line["run"]["date"] for line in runs] == [rows[0]["date"]]  # once per run
+    assert all(isinstance(line, list) and len(line) == len(runs[0]["columns"]) for line in lines[1:])
     written = history.write_latest(history.load(file), tmp_path / "latest")
     assert (tmp_path / "latest" / "cpu.md") in written
 
@@ -71,11 +73,17 @@ def test_history_file_parses(bench):
     assert "run" in json.loads(lines[0])  # every point follows the run line it belongs to
     for number, line in enumerate(lines, 1):
         row = json.loads(line)
-        if "run" in row:
+        if isinstance(row, dict):
             assert {"device", "date", "versions"} <= set(row["run"]), number
+            names = set(row["same"]) | set(row["columns"])
+            assert not set(row["same"]) & set(row["columns"]), number
+            assert {"op", "backend", "shape", "dtype", "direction"} <= names, number
+            width = len(row["columns"])
         else:
-            measured = "first_step_s" if row.get("mode") == "cold start" else "ms"  # (a first step: no step time)
-            assert {"op", "backend", "shape", "dtype", "direction", measured} <= set(row), number
+            assert isinstance(row, list) and len(row) == width, number
+    for row in bench[1].load(path):
+        measured = "first_step_s" if row.get("mode") == "cold start" else "ms"  # (a first step: no step time)
+        assert {"op", "backend", "shape", "dtype", "direction", measured} <= set(row)
     assert all(r["device"] and r["date"] for r in bench[1].load(path))
 
 
