@@ -161,15 +161,16 @@ def rope_x(shape, dtype, layout):
     return t(*shape, dtype=dtype, layout=layout)
 
 
-# (shape, layout, positions' dtype, merged leading rank, vector width (None: 16 bytes), lanes, rows)
+# (shape, layout, positions' dtype, merged leading rank, vector width (None: 16 bytes), lanes, rows
+# per task: ROWS, 1)
 ROPE_CASES = [
-    ((2, 3, 9, 64), "contiguous", None, 1, None, None, 2),
-    ((2, 3, 9, 64), "heads", torch.int32, 2, None, None, 2),
-    ((3, 5, 128), "contiguous", torch.int64, 1, None, None, 2),
+    ((2, 3, 9, 64), "contiguous", None, 1, None, None, 1),
+    ((2, 3, 9, 64), "heads", torch.int32, 2, None, None, 1),
+    ((3, 5, 128), "contiguous", torch.int64, 1, None, None, 1),
     ((7, 2), "contiguous", None, 1, 1, 1, 1),  # no leading dims, D = 2: one pair per row
-    ((2, 2, 5, 6), "strided", torch.int64, 1, 1, 4, 2),  # D stride 2: element by element
-    ((2, 1, 2, 3, 8), "heads", None, 2, None, None, 2),  # a size-1 leading dim dropped
-    ((2, 3, 4, 5, 8), "sliced", torch.int64, 3, None, None, 2),  # three leading dims that cannot merge
+    ((2, 2, 5, 6), "strided", torch.int64, 1, 1, 4, 1),  # D stride 2: element by element
+    ((2, 1, 2, 3, 8), "heads", None, 2, None, None, 1),  # a size-1 leading dim dropped
+    ((2, 3, 4, 5, 8), "sliced", torch.int64, 3, None, None, 1),  # three leading dims that cannot merge
 ]
 
 
