@@ -26,7 +26,10 @@ Method
     (B, T, H, D) in memory as a Hugging Face model's q and k are (``x.transpose(1, 2)``
     contiguous), beside float32 cos and sin tables (T, 128) of the same angles (the peers' input;
     kcourse computes its own); embedding, ``weight[indices]`` for 16384 token ids into tables
-    V x D = 50304 or 131072 x 768 or 4096; bfloat16 and float32.
+    V x D = 50304 or 131072 x 768 or 4096, the ids drawn as text's tokens are (the
+    Zipf-Mandelbrot law: the id of rank r with probability ~ 1 / (r + ZIPF_Q)^ZIPF_S, the ranks
+    scattered over the table), so that the backward meets frequent rows as in training (the
+    commonest id ~3% of the tokens; runs before 2026-11-29 drew them uniformly); bfloat16 and float32.
   - ``gemm``: ``blas.gemm(A, B)``, A (M, K) @ B (K, N), square 2048, 4096, 8192 and the LLM
     shapes (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336) as M x N x K; bfloat16
     only (quack's Hopper gemm has no float32); TFLOP/s of 2MNK (fwd), 4MNK (bwd).
@@ -191,10 +194,22 @@ def rope_reference(t):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
+ZIPF_S, ZIPF_Q = 1.0, 2.7  # embedding: the ids' rank-frequency law 1 / (r + Q)^S (fits English text's words)
+
+
+def token_ids(tokens: int, V: int, device) -> torch.Tensor:
+    """``tokens`` ids in [0, V) with the Zipf-Mandelbrot rank-frequency law: rank r (from 0) drawn with
+    probability proportional to 1 / (r + 1 + ZIPF_Q)^ZIPF_S, rank r being id ``perm[r]`` of a random
+    permutation."""
+    weights = (torch.arange(1, V + 1, dtype=torch.float64, device=device) + ZIPF_Q).pow(-ZIPF_S)
+    ranks = torch.multinomial(weights, tokens, replacement=True)
+    return torch.randperm(V, device=device)[ranks]
+
+
 def embedding_inputs(n, dtype, device):
     """(token ids (N,), the table (V, D), differentiable)."""
     tokens, V, D = n
-    return torch.randint(0, V, (tokens,), device=device), leaf(V, D, dtype=dtype, device=device)
+    return token_ids(tokens, V, device), leaf(V, D, dtype=dtype, device=device)
 
 
 def gemm_inputs(n, dtype, device):

@@ -216,3 +216,15 @@ def test_graphed_runs_are_their_own_rows(modules, cpu_run, tmp_path):
     ranges = history.peer_ranges(eager + replayed)
     assert {r["mode"] for r in ranges} == {"peers", "peers graphed"}
     assert len(ranges) == 2 * len(history.peer_ranges(eager))
+
+
+def test_embedding_ids_follow_text(modules):
+    # token ids as text's are: in range, a few frequent ids (the Zipf-Mandelbrot law), scattered
+    peers, _ = modules
+    torch.manual_seed(0)
+    ids = peers.token_ids(16384, 50304, "cpu")
+    assert ids.shape == (16384,) and ids.dtype == torch.int64 and 0 <= ids.min() and ids.max() < 50304
+    counts = torch.bincount(ids, minlength=50304)
+    assert 0.01 < counts.max() / 16384 < 0.06  # the commonest id: a few percent, as "the" or "," in English
+    assert 3000 < (counts > 0).sum() < 10000  # thousands of distinct ids, far fewer than uniform draws give
+    assert counts.argmax() not in (0, 1)  # the frequent ids are not the table's first rows
