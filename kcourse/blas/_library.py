@@ -805,8 +805,11 @@ def _define_primitive(op: str, spec: Primitive) -> None:
     def forward(*args):
         inputs, p, backend = _split(spec, args)
         out, cache = kernel(op, backend)(*inputs, **p)
-        outs = out if k > 1 else (out,)
-        return [*(_conform(o, spec, inputs) for o in outs), *(t.contiguous() for t in cache[len(_saved(op, backend)):])]
+        result = [_conform(out, spec, inputs)] if k == 1 else [_conform(o, spec, inputs) for o in out]
+        saved = len(_saved(op, backend))
+        if len(cache) > saved:  # the extras (attention's lse, a fused op's cached activations)
+            result += [t.contiguous() for t in cache[saved:]]
+        return result
 
     def forward_fake(*args):
         inputs, p, backend = _split(spec, args)
@@ -848,13 +851,24 @@ def _define_primitive(op: str, spec: Primitive) -> None:
     _define(f"{op}_backward(Tensor dout, {more}Tensor?[] saved, bool[] needs, {params}str backend) -> Tensor[]",
             backward, backward_fake)
 
+    n = len(spec.input_names)
+    position = {name: i for i, name in enumerate((*spec.input_names, *spec.outs))}  # in (*inputs, *outputs)
+    saved_at: dict = {}  # backend -> the positions of what its backward reads (``_saved``)
+    refused_at = [(name, position[name]) for name in spec.inference_only]
+
     def setup(ctx, inputs, output):
-        n = len(spec.input_names)
-        named = dict(zip(spec.input_names, inputs[:n]), **dict(zip(spec.outs, output)))
+        # runs on every call that wants a gradient: positions worked out once, no dicts built per call
+        tensors = (*inputs[:n], *output)
+        backend = inputs[-1]
+        at = saved_at.get(backend)
+        if at is None:
+            at = saved_at[backend] = [position[name] for name in _saved(op, backend)]
         ctx.n, ctx.args = n, inputs[n:]
-        ctx.refused = [name for name in spec.inference_only if named[name] is not None]
-        ctx.save_for_backward(*(named[name] for name in _saved(op, inputs[-1])), *output[k:])
-        ctx.mark_non_differentiable(*output[k:])
+        ctx.refused = [name for name, i in refused_at if tensors[i] is not None]
+        extras = output[k:]
+        ctx.save_for_backward(*(tensors[i] for i in at), *extras)
+        if extras:
+            ctx.mark_non_differentiable(*extras)
         ctx.set_materialize_grads(False)  # no zeros made for the extras' gradients
 
     def pullback(ctx, grads):
