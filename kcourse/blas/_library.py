@@ -794,7 +794,7 @@ def _saved(op: str, backend: str) -> tuple[str, ...]:
 
 def _split(spec: Primitive, args: tuple) -> tuple[tuple, dict, str]:
     n = len(spec.input_names)
-    return args[:n], (dict(zip(spec.param_names, args[n:-1])) if spec.param_names else {}), args[-1]
+    return args[:n], dict(zip(spec.param_names, args[n:-1])), args[-1]
 
 
 def _define_primitive(op: str, spec: Primitive) -> None:
