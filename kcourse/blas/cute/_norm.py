@@ -90,7 +90,8 @@ class Launch:
       rows kept on chip (D <= ``ON_CHIP_BACKWARD``): threads per CTA, CTAs per SM in its grid, and
       whether each thread stages the next row in shared memory (cp.async; 16-bit rows only: 32-bit
       ones beside the accumulators do not fit). None (the default): ``backward_launch``'s choice for
-      the call; a value fixes that one field. Longer rows always take ``CTAS_PER_SM`` CTAs of 256.
+      the call; a value fixes that one field. Longer rows take ``CTAS_PER_SM`` CTAs of 256 an SM, fewer
+      (down to one an SM) where few rows a CTA would make the partials rival the data (``_backward_plan``).
     """
 
     row_threads: int = FORWARD_ROW_THREADS
@@ -603,6 +604,13 @@ def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch
         prefetch = prefetch if launch.backward_prefetch is None else launch.backward_prefetch
         plan_ = plan_._replace(threads=threads)
     ctas = max(1, min(-(-n // plan_.rows), per_sm * sms))
+    sets = int(needs[1]) + int(needs[2])
+    if not plan_.one_pass and sets:
+        # each CTA writes a (D,) float32 row of partials per parameter gradient, read back by the column
+        # sums: 8 P D sets bytes beside ~5 N D s of x, dy (read twice) and dx. With few long rows a CTA
+        # they rival the data (512 x 262144 bf16, 264 CTAs, two sets: 1.1 GB beside 1.3 GB): no more CTAs
+        # than keep them under a quarter of it, and no fewer than the SMs
+        ctas = min(ctas, max(sms, 5 * n * x2.element_size() // (32 * sets)))
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], prefetch)
     return key, vec * x2.element_size(), ctas, args
 
