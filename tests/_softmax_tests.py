@@ -86,9 +86,12 @@ def test_triton_two_passes(op, dtype, monkeypatch):
 
 # A few long rows, each spread over a cluster of CTAs (the cute backend's _rows.split_rows):
 # (shape, dim, layout, cluster). cluster None: split_rows's own choice -- shares kept in registers,
-# shares swept in chunks, scalar accesses (odd or strided rows), rows of a transposed view; an int:
-# that cluster size forced, with a ragged last share, or a share past the row's end (empty CTAs).
+# shares swept in chunks, scalar accesses (odd or strided rows), rows of a transposed view, the
+# forward's shares of 16384-32768 kept by 512-thread CTAs (ragged: 250000, 131080); an int: that
+# cluster size forced, with a ragged last share, or a share past the row's end (empty CTAs).
 CLUSTER_CASES = [((3, 50000), -1, "contiguous", None), ((2, 20001), -1, "contiguous", None),
+                 ((2, 250000), -1, "contiguous", None), ((1, 131080), -1, "contiguous", None),
+                 ((2, 120000), -1, "contiguous", 4),
                  ((1, 300000), -1, "contiguous", None), ((5, 9000), -1, "strided", None),
                  ((2, 3, 40000), -1, "contiguous", None), ((40000, 2), 0, "transposed", None),
                  ((3, 8193), -1, "contiguous", 2), ((2, 40000), -1, "contiguous", 3),

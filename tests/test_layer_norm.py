@@ -133,8 +133,10 @@ def test_large_magnitude(backend, dtype):
     assert_results(got, run(torch_ln(), x, weight, bias, dy), rows=7)
 
 
-def test_large_offset(backend):
-    check_large_offset(backend, (7, 1000))
+@pytest.mark.parametrize("shape", [(7, 1000), pytest.param((3, 100000), marks=pytest.mark.gpu)])
+def test_large_offset(backend, shape):
+    # (3, 100000): the cute forward's rows over a cluster of CTAs, whose shares' statistics combine
+    check_large_offset(backend, shape)
 
 
 def check_large_offset(backend, shape):
@@ -242,8 +244,11 @@ def test_validation(name):
 @pytest.mark.gpu
 # (1001, 6000), (2049, 8192), (333, 4098): rows of more than 4096 kept on chip (the cute backward
 # stages the next row in shared memory there in 16 bits), odd row counts (a row slot past the end)
+# (64, 65536), (3, 131072), (7, 20000), (2, 262144), (5, 200000), (1000, 8193): rows spread over a cluster of
+# CTAs that each keep their share (the cute forward; ragged last shares; 512-thread CTAs past 16384 a share;
+# scalar accesses at 8193)
 @pytest.mark.parametrize("shape", [(4096, 4096), (8192, 1024), (1000, 8193), (512, 16384), (64, 65536), (3, 131072),
-                                   (1001, 6000), (2049, 8192), (333, 4098)])
+                                   (1001, 6000), (2049, 8192), (333, 4098), (7, 20000), (2, 262144), (5, 200000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_layer_norm_large(backend, dtype, shape):
     check(backend, *inputs(shape, dtype))

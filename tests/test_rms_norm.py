@@ -193,8 +193,11 @@ def test_validation(name):
 @pytest.mark.gpu
 # (1001, 6000), (2049, 8192), (333, 4098): rows of more than 4096 kept on chip (two to a cute
 # backward CTA of 512 threads), odd row counts (a row slot past the end)
+# (64, 65536), (3, 131072), (7, 20000), (2, 262144), (5, 200000), (1000, 8193): rows spread over a cluster of
+# CTAs that each keep their share (the cute forward; ragged last shares; 512-thread CTAs past 16384 a share;
+# scalar accesses at 8193)
 @pytest.mark.parametrize("shape", [(4096, 4096), (8192, 1024), (1000, 8193), (512, 16384), (64, 65536), (3, 131072),
-                                   (1001, 6000), (2049, 8192), (333, 4098)])
+                                   (1001, 6000), (2049, 8192), (333, 4098), (7, 20000), (2, 262144), (5, 200000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rms_norm_large(backend, dtype, shape):
     check(backend, *inputs(shape, dtype))
