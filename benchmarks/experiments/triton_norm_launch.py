@@ -19,7 +19,7 @@ from benchmarks.timing import graph_ms
 from kcourse.blas.triton import _norm
 
 ELEMENTS = 2**27
-COLUMNS = [1024, 4096, 8192]  # rows kept on chip (the backward's ON_CHIP_BACKWARD is 8192)
+COLUMNS = [1024, 2048, 4096, 8192]  # rows kept on chip (the backward's ON_CHIP_BACKWARD is 8192)
 VARIANTS = {  # field -> values; the product is the sweep
     "PROGRAMS_PER_SM": [1, 2, 4],
     "BACKWARD_TILE": [4096, 8192],
