@@ -1,5 +1,5 @@
 """Experiment: the triton layer_norm / rms_norm backward's launch choices (``kcourse/blas/triton/_norm.py``:
-``PROGRAMS_PER_SM``, ``BACKWARD_TILE``, ``BACKWARD_THREAD_ELEMENTS``) at the row lengths models use,
+``WARPS_PER_SM``, ``BACKWARD_TILE``, ``BACKWARD_THREAD_ELEMENTS``) at the row lengths models use,
 against the shipped choice and quack's backward, each timed as a CUDA-graph replay (the kernels
 alone, L2 flushed before each call).
 
@@ -21,7 +21,7 @@ from kcourse.blas.triton import _norm
 ELEMENTS = 2**27
 COLUMNS = [1024, 2048, 4096, 8192]  # rows kept on chip (the backward's ON_CHIP_BACKWARD is 8192)
 VARIANTS = {  # field -> values; the product is the sweep
-    "PROGRAMS_PER_SM": [1, 2, 4],
+    "WARPS_PER_SM": [8, 16, 32],
     "BACKWARD_TILE": [4096, 8192],
     "BACKWARD_THREAD_ELEMENTS": [8, 16],
 }

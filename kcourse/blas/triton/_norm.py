@@ -14,7 +14,7 @@ first chunk's mean: var = mean(s^2) - mean(s)^2. Shifting by K keeps that differ
 large offsets (plain mean(x^2) - mean^2 loses every digit when mean^2 >> var), since
 (mean - K)^2 <= var * D / CHUNK_D: at most log2(D / CHUNK_D) bits of the variance are lost.
 
-Backward: ``P`` programs (about ``PROGRAMS_PER_SM`` per SM), each owning a block of consecutive
+Backward: ``P`` programs (``WARPS_PER_SM // num_warps`` per SM: 16 warps resident), each owning a block of consecutive
 rows. It writes dx and sums its rows' dy * xhat and dy per column into float32 partials (S, P, D),
 one set per parameter gradient wanted; ``column_sum_kernel`` then adds the P partials of each
 column of every set in one launch: a deterministic two-stage reduction, no atomics.
@@ -67,7 +67,8 @@ BACKWARD_THREAD_ELEMENTS = 16  # backward: elements of a tile per thread (num_wa
 PREFETCH_ITEMSIZE = 2  # backward: load the next tile ahead for dtypes of at most this many bytes (0: never)
 BACKWARD_STAGES = None  # backward: num_stages of the row loop (None: the compiler's default)
 LONG_ROW_STAGES = 3  # backward, rows longer than ON_CHIP_BACKWARD: num_stages of the sweeps' loops (loads in flight)
-PROGRAMS_PER_SM = 1  # backward: programs per streaming multiprocessor (1 ran fastest on an H200; 2 and 4 measured)
+WARPS_PER_SM = 16  # backward: programs per SM = this // num_warps (two 8-warp programs at D <= 4096: 1.2-1.4x one)
+CENTER_PREFETCH_TILE = 8192  # backward, layer_norm with the prefetch, D <= 1024: its tile (too many registers for two programs)
 SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction: tile elements, rows, warps
 
 
@@ -342,16 +343,19 @@ def norm_forward(x, weight, bias, eps, center, residual=None):
     return y, (x2 if h is None else h), mean, rstd
 
 
-def _backward_options(n: int, d: int, itemsize: int) -> dict:
+def _backward_options(n: int, d: int, itemsize: int, center: bool) -> dict:
     """The backward's launch options: rows that fit ``ON_CHIP_BACKWARD`` in tiles of about
     ``BACKWARD_TILE`` elements (BLOCK_M rows, at most the next power of two of n), longer ones
-    chunked, one row at a time."""
+    chunked, one row at a time. layer_norm with the prefetch at D <= 1024 takes tiles of
+    ``CENTER_PREFETCH_TILE``: its 8-warp programs (next tile, two column sums) do not fit two to an SM."""
     options = _block(d, ON_CHIP_BACKWARD)
     if not options["ONE_BLOCK"]:
         return {**options, "BLOCK_M": 1, "PREFETCH": False}
-    block_m = min(max(BACKWARD_TILE // options["BLOCK_D"], 1), next_power_of_2(max(n, 1)))
+    prefetch = itemsize <= PREFETCH_ITEMSIZE
+    tile = CENTER_PREFETCH_TILE if center and prefetch and options["BLOCK_D"] <= 1024 else BACKWARD_TILE
+    block_m = min(max(tile // options["BLOCK_D"], 1), next_power_of_2(max(n, 1)))
     warps = min(max(block_m * options["BLOCK_D"] // (32 * BACKWARD_THREAD_ELEMENTS), 1), 16)
-    return {**options, "BLOCK_M": block_m, "PREFETCH": itemsize <= PREFETCH_ITEMSIZE, "num_warps": warps}
+    return {**options, "BLOCK_M": block_m, "PREFETCH": prefetch, "num_warps": warps}
 
 
 def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
@@ -360,10 +364,11 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
     dout's shape, or None), h's own gradient in the fused add + norms, is added to dx before it is rounded."""
     n, d = x2.shape
     device = x2.device
-    options = _backward_options(n, d, x2.element_size())
+    options = _backward_options(n, d, x2.element_size(), mean is not None)
     sms = sm_count(device)  # 4 in the interpreter: several programs, the CPU tests cover the column sums
     tiles = cdiv(n, options["BLOCK_M"])
-    rows_per_program = options["BLOCK_M"] * max(1, cdiv(tiles, PROGRAMS_PER_SM * sms))
+    per_sm = max(1, WARPS_PER_SM // options["num_warps"])
+    rows_per_program = options["BLOCK_M"] * max(1, cdiv(tiles, per_sm * sms))
     programs = max(1, cdiv(n, rows_per_program))  # one (with no rows) when n == 0: zero sums
     dx = torch.empty(dout.shape, dtype=x2.dtype, device=device) if needs[0] else None
     partials, dw, db = _host.weight_partials(needs, programs, d, device)  # one buffer, one column-sum launch
