@@ -169,11 +169,11 @@ def test_cross_entropy_huge_vocabulary_compiles(monkeypatch):
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "cross_entropy"])
 def test_cluster_rows_compile(monkeypatch, op, dtype):
     # a few long rows, each spread over a cluster of CTAs (split_rows): shares kept in registers
-    # (3 x 50000), swept in chunks (2 x 300000), scalar accesses (2 x 20001)
+    # (3 x 50000), swept in chunks (2 x 262144, 2 x 300000), scalar accesses (2 x 20001)
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions(op)
     with _compile.compiling_only():
-        for N, V in [(3, 50000), (2, 300000), (2, 20001)]:
+        for N, V in [(3, 50000), (2, 262144), (2, 300000), (2, 20001)]:
             x = t(N, V, dtype=dtype)
             if op == "cross_entropy":
                 loss, cache = forward(x, torch.zeros(N, dtype=torch.int64), ignore_index=-100, reduction="none")
@@ -184,7 +184,7 @@ def test_cluster_rows_compile(monkeypatch, op, dtype):
     factory = "_cross_entropy_factory" if op == "cross_entropy" else "_softmax_factory"
     forward_plans = plans(seen, factory)
     assert {p.one_pass for p in forward_plans} == {True, False} and {p.vec for p in forward_plans} > {1}
-    assert all(1 < p.cluster <= _rows.CLUSTER_MAX and p.tpr == _rows.THREADS for p in forward_plans)
+    assert all(1 < p.cluster <= _rows.CLUSTER_MAX and p.tpr == p.threads == _rows.THREADS for p in forward_plans)
     assert all(p.cluster > 1 for p in plans(seen, factory.replace("_factory", "_backward_factory")))
 
 
@@ -203,9 +203,11 @@ def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
 
 # ----------------------------------------------------------------------------- layer_norm, rms_norm
 
-# rows kept on chip; 12000: chunked backward; 20000: both chunked. Other layouts than contiguous:
-# the first and the last only (compile time)
-NORM_SHAPES = [(7, 33), (3, 5, 1000), (2, 12000), (2, 20000)]
+# rows kept on chip; 12000: chunked backward; 20000: a forward over a cluster of 5 CTAs (two rows:
+# SMs to fill), a chunked backward; 262144: in float32 a cluster of 8 CTAs of 512 threads, in 16 bits
+# swept in chunks by one CTA, as 300000 in every dtype. Other layouts than contiguous: the first
+# and the fourth only (compile time)
+NORM_SHAPES = [(7, 33), (3, 5, 1000), (2, 12000), (2, 20000), (2, 262144), (2, 300000)]
 
 
 @pytest.mark.parametrize("dtype, layout", COMBOS, ids=COMBO_IDS)
@@ -214,7 +216,7 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
     seen = compiled_kernels(monkeypatch)
     forward, backward = op_functions(op)
     with _compile.compiling_only():
-        for shape in NORM_SHAPES if layout == "contiguous" else NORM_SHAPES[::3]:
+        for shape in NORM_SHAPES if layout == "contiguous" else NORM_SHAPES[:4:3]:
             x = t(*shape, dtype=dtype, layout=layout)
             d = shape[-1]
             w, b = t(d, dtype=dtype), t(d, dtype=dtype)
@@ -230,6 +232,15 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
     names = {name for name, _ in seen}
     assert names == {"_norm_forward_factory", "_norm_backward_factory", "_column_sum_factory"}
     assert {p.one_pass for p in plans(seen, "_norm_backward_factory")} == {True, False}
+    forward_plans = set(plans(seen, "_norm_forward_factory"))
+    clustered = {(p.cluster, p.threads) for p in forward_plans if p.cluster > 1}
+    assert all(p.one_pass for p in forward_plans if p.cluster > 1)
+    if layout == "contiguous":
+        wide = {(8, _rows.SHARE_THREADS)} if dtype == torch.float32 else set()
+        assert clustered == {(5, _rows.THREADS)} | wide
+        assert any(not p.one_pass and p.cluster == 1 for p in forward_plans)
+    else:
+        assert clustered == {(5, _rows.THREADS)}
 
 
 # (op, dtype, D, threads a CTA, prefetch) of the backward for rows kept on chip (_norm.backward_launch)

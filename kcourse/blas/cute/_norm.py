@@ -19,7 +19,14 @@ transposed or strided x is read in place); y, dx, weight and bias are contiguous
 Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     A row of up to ``MAX_ONE_PASS`` (16384) columns is loaded once and kept in registers: exact
     two-pass statistics on chip (the sum, then the sum of (x - mean)^2 over the same registers), then
-    y. A longer row is swept in chunks: the first chunk's mean K is computed first, then per thread
+    y. A longer row is spread over a cluster of CTAs (``_rows.split_rows``: a few rows fill the SMs;
+    a row over up to 8 CTAs, each keeping its share of up to 16384 elements in registers, 32768 in float32
+    by CTAs of 512 threads): each CTA takes its share's exact two-pass statistics (count, mean, M2 =
+    sum of squared deviations), the cluster combines them in rank order (Chan et al.'s pairwise
+    formula, ``_combine_moments``, through distributed shared memory: ``_rows.cluster_allreduce``),
+    and each CTA writes its share of y; the first writes mean and rstd. The row is read once.
+    A row whose shares still exceed that (over 131072 columns in 16 bits, 262144 in float32) is swept
+    in chunks by one CTA: the first chunk's mean K is computed first, then per thread
     the sums of s = x - K and s^2 (var = mean(s^2) - mean(s)^2, stable for large offsets since
     (mean - K)^2 <= var * D / CHUNK), then y in a second sweep.
 
@@ -67,9 +74,10 @@ from .. import _host, tuning
 from .._layout import rows_of
 from . import _compile, _reduce
 from .axpby import axpby
-from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, combine_sum, load_chunk,
-                    masked, plan, reduction_buffer, row_allreduce, row_arguments, row_copy, row_thread, row_views,
-                    spread_row, store_chunk, to_registers)
+from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, cluster_allreduce,
+                    cluster_buffer, cluster_rank, cluster_started, combine_sum, load_chunk, masked, plan,
+                    reduction_buffer, row_allreduce, row_arguments, row_cluster, row_copy, row_grid, row_thread,
+                    row_views, split_rows, spread_row, store_chunk, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -131,6 +139,18 @@ def _affine(xhat, w, b):
 
 # ----------------------------------------------------------------------------- forward
 
+@cute.jit
+def _combine_moments(a: tuple, b: tuple) -> tuple:
+    """Two shares' ``(count, mean, M2)`` (M2 the sum of squared deviations from the share's mean;
+    rms_norm: mean 0, M2 the sum of squares) as one (Chan et al.): with delta = mean_b - mean_a,
+    mean = mean_a + delta n_b / n and M2 = M2_a + M2_b + delta^2 n_a n_b / n. A share of no
+    columns (count, mean and M2 all 0) leaves the other as it is."""
+    n = a[0] + b[0]
+    inv = 1.0 / cute.arch.fmax(n, Float32(1.0))
+    delta = b[1] - a[1]
+    return n, a[1] + delta * b[0] * inv, a[2] + b[2] + delta * delta * a[0] * b[0] * inv
+
+
 def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
     """The forward host function (``has_w``, ``has_b``: only key the cache; they show in which pointers are None)."""
     chunk, vpt, tpr = plan_.chunk, plan_.vpt, plan_.tpr
@@ -141,6 +161,8 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                             tiled_copy: cute.TiledCopy):
         # mX, mY: (D, (N,)); mW, mB: (D,); mMean, mRstd: (N,) float32
         buffer = reduction_buffer(plan_, 2, stages=2)
+        peers = cluster_buffer(plan_, 3)
+        cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row, y_row = mX[None, (row,)], mY[None, (row,)]
         n = Int32(0)  # columns to read: none for a row past the end
@@ -149,17 +171,32 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         d = Float32(D)
         mean = Float32(0.0)
         if const_expr(plan_.one_pass):
-            pred = chunk_predicate(tXcX, n, vpt)
-            x = load_chunk(tiled_copy, thr, x_row, 0, chunk, pred, 0.0).load().to(Float32)
-            if const_expr(center):
-                (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
-                mean = total / d
-                x = masked(x - mean, pred, vpt)  # centred; 0 past the row's end
-            (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 1)
+            c = cluster_rank(plan_)  # the row's one chunk, or this CTA's (a cluster per row)
+            pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+            x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+            if const_expr(plan_.cluster == 1):
+                if const_expr(center):
+                    (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
+                    mean = total / d
+                    x = masked(x - mean, pred, vpt)  # centred; 0 past the row's end
+                (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
+                                           buffer, 1)
+            else:  # this CTA's share: its own exact statistics, then the cluster's (Chan's combination)
+                count = Float32(cutlass.max(cutlass.min(n - c * chunk, chunk), 0))
+                share_mean = Float32(0.0)
+                if const_expr(center):
+                    (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
+                    share_mean = total / cute.arch.fmax(count, Float32(1.0))
+                    x = masked(x - share_mean, pred, vpt)  # centred on the share's mean
+                (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
+                                           buffer, 1)
+                _, mean, squares = cluster_allreduce((count, share_mean, squares), _combine_moments, plan_, peers)
+                if const_expr(center):
+                    x = masked(x - (mean - share_mean), pred, vpt)  # centred on the row's mean
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
-            y = _affine(x * rstd, _param(tiled_copy, thr, mW, 0, chunk, pred),
-                        _param(tiled_copy, thr, mB, 0, chunk, pred))
-            store_chunk(tiled_copy, thr, y, y_row, 0, chunk, pred)
+            y = _affine(x * rstd, _param(tiled_copy, thr, mW, c, chunk, pred),
+                        _param(tiled_copy, thr, mB, c, chunk, pred))
+            store_chunk(tiled_copy, thr, y, y_row, c, chunk, pred)
         else:
             shift = Float32(0.0)
             if const_expr(center):  # the first chunk's mean (D > CHUNK: the chunk is full)
@@ -190,9 +227,10 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                 store_chunk(tiled_copy, thr, y, y_row, c, chunk, pred)
         if lane == 0:
             if row < rows:
-                if const_expr(center):
-                    mMean[row] = mean
-                mRstd[row] = rstd
+                if cluster_rank(plan_) == 0:  # (a cluster's CTAs all hold the row's statistics)
+                    if const_expr(center):
+                        mMean[row] = mean
+                    mRstd[row] = rstd
 
     @cute.jit
     def norm_forward_host(stream: cuda.CUstream, pX: cute.Pointer, pW: Optional[cute.Pointer],
@@ -205,7 +243,7 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
         norm_forward_kernel(mX, _vector(pW, D, plan_.vec), _vector(pB, D, plan_.vec), mY, mMean, mRstd, rows, D, eps,
                             row_copy(dtype, plan_)).launch(
-            grid=[cute.ceil_div(rows, plan_.rows), 1, 1], block=[plan_.threads, 1, 1], stream=stream)
+            grid=row_grid(rows, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
 
     return norm_forward_host
 
@@ -540,13 +578,17 @@ def _operand(t):
 
 
 @_compile.plan_cache
-def _forward_plan(x2, weight, bias, center: bool, launch: Launch) -> tuple:
+def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> tuple:
     """``(key, align, args)`` of the forward's launch for ``x2`` (N, D) and (D,) ``weight``, ``bias``
-    (``_compile.Operand``s or None) writing a new contiguous (N, D) y; ``launch``: the op's table."""
+    (``_compile.Operand``s or None) writing a new contiguous (N, D) y; ``launch``: the op's table;
+    ``sms``: the device's SM count. A row longer than one CTA keeps is spread over a cluster of CTAs
+    that each keep their share (``_rows.split_rows``), where the shares fit; else swept in chunks."""
     op = "layer_norm" if center else "rms_norm"
     y2 = _compile.Operand.new(x2.shape, x2.dtype)
     vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
     plan_ = spread_row(plan_, x2.shape[1], launch.row_threads)  # a row that fills a CTA: over 512 threads
+    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4)
+    plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args
 
@@ -562,7 +604,8 @@ def norm_forward(x, weight, bias, eps, center):
     if n and d:
         weight, bias = _dense(weight), _dense(bias)
         key, align, args = _forward_plan(_compile.Operand.of(x2), _operand(weight), _operand(bias), center,
-                                         tuning.launch("layer_norm" if center else "rms_norm"))
+                                         tuning.launch("layer_norm" if center else "rms_norm"),
+                                         _reduce.sm_count(x.device))
         pointer = _compile.pointer
         _compile.launch(_norm_forward_factory, key, _compile.stream_of(x), pointer(x2, align),
                         None if weight is None else pointer(weight, align),
