@@ -248,6 +248,32 @@ def test_kv_cache_decode_step_compiles_whole():
     assert torch.equal(outputs[1], outputs[0])
 
 
+def test_inductor_code_calls_each_op_s_twin():
+    """Inductor's generated code calls ``torch.ops.kcourse._<op>`` (the op's schema, implementation
+    and fake without the Python autograd and autocast layers, which the compiled graph has done):
+    forward and backward ops alike, an in-place op's write kept; results as eager."""
+    from torch._inductor.utils import run_and_get_code
+
+    def f(x, w, buf):
+        y = blas.gelu(blas.gemm(x, w, backend="pytorch"), backend="pytorch")
+        blas.copy_(y.detach(), buf, backend="pytorch")
+        return y.sum() + buf.sum()
+
+    x, w = torch.randn(3, 5, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    buf, eager_buf = torch.zeros(3, 4), torch.zeros(3, 4)
+    expected = f(x, w, eager_buf)
+    expected_grads = torch.autograd.grad(expected, (x, w))
+    compiled = torch.compile(f, fullgraph=True)
+    got, code = run_and_get_code(lambda: (lambda out: (out, torch.autograd.grad(out, (x, w))))(compiled(x, w, buf)))
+    code = "\n".join(code)
+    for op in ("gemm", "gelu", "gelu_backward", "copy_"):  # (the op's own name shows in comments)
+        assert f"torch.ops.kcourse._{op}.default(" in code and f"torch.ops.kcourse.{op}.default(" not in code, op
+    torch.testing.assert_close(got[0], expected)
+    torch.testing.assert_close(buf, eager_buf)
+    for a, e in zip(got[1], expected_grads):
+        torch.testing.assert_close(a, e)
+
+
 @pytest.mark.parametrize("name", ["python", "pytorch"])
 def test_attention_with_kv_len_compiles_with_inductor(name):
     # kv_len, an optional tensor input of the custom op, through inductor's fallback: eager's result

@@ -15,6 +15,9 @@ autograd formulas registered here call them too. Each op is declared once, with
 
 The backend is an argument, resolved before the op is called, so nothing traced reads a
 ContextVar or imports a module, and a compiled graph records which backend runs each op.
+Inductor's generated code calls each op's twin ``torch.ops.kcourse._<op>`` (``_inductor_fallbacks``):
+the same schema, implementation and fake, without the op's Python autograd and autocast kernels,
+which a compiled graph has applied already (three Python frames less a call).
 
 The ``op_`` variants mutate their target (``Tensor(a!)`` in the schema) and return nothing; the
 public ``kcourse.blas.<op>_`` returns the target. Outputs of the out-of-place ops are contiguous,
@@ -135,7 +138,8 @@ APPLY: dict[str, Callable] = {}
 def _define(schema: str, impl: Callable, fake: Callable) -> str:
     name = schema[: schema.index("(")]
     LIB.define(schema)
-    LIB.impl(name, _checking_aliases(name, impl), "CompositeExplicitAutograd")
+    checked = _checking_aliases(name, impl)
+    LIB.impl(name, checked, "CompositeExplicitAutograd")
 
     def traced(*args, **kwargs):  # the fake runs only while a graph is traced
         _inductor_fallbacks()
@@ -143,6 +147,11 @@ def _define(schema: str, impl: Callable, fake: Callable) -> str:
 
     torch.library.register_fake(f"kcourse::{name}", traced, lib=LIB)
     _register_autocast(name)
+    # its twin for inductor's generated code (_inductor_fallbacks): the same schema, implementation and
+    # fake, no Python autograd or autocast layer; the graph it runs in has done both already
+    LIB.define("_" + schema, tags=getattr(ops, name).default.tags)
+    LIB.impl("_" + name, checked, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kcourse::_{name}", fake, lib=LIB)
     IMPLS[name] = impl
     return name
 
@@ -183,10 +192,11 @@ def _inductor_fallbacks() -> None:
     _FALLBACKS.append(True)
     from torch._library.utils import get_layout_constraint_tag
     for name in IMPLS:
-        op = getattr(torch.ops.kcourse, name).default
+        op, twin = getattr(ops, name).default, getattr(ops, "_" + name).default
         if op not in lowering.lowerings:  # the layout rule inductor would pick: the op's tag, else its default
             constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
-            lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+            lowering.make_fallback(twin, layout_constraint=constraint, warn=False)
+            lowering.lowerings[op] = lowering.lowerings[twin]  # the generated code calls the twin
 
 
 def _autocasting(args: tuple) -> str | None:
