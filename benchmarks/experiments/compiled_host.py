@@ -73,8 +73,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 wall.append(time.perf_counter() - start)
             host.sort(), wall.sort()
-            line = (f"{name}: host {host[len(host) // 2] * 1e3:.1f} ms a step, step {wall[len(wall) // 2] * 1e3:.1f} ms; "
-                    f"autocast kernel calls a step: {sum(AUTOCAST_CALLS.values()) / args.steps:g}")
+            line = (f"{name}: host {host[len(host) // 2] * 1e3:.1f} ms a step, step {wall[len(wall) // 2] * 1e3:.1f} "
+                    f"ms; autocast kernel calls a step: {sum(AUTOCAST_CALLS.values()) / args.steps:g}")
             print(line, flush=True)
             lines.append(line)
             del model, opt, step

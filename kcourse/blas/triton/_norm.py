@@ -68,7 +68,7 @@ PREFETCH_ITEMSIZE = 2  # backward: load the next tile ahead for dtypes of at mos
 BACKWARD_STAGES = None  # backward: num_stages of the row loop (None: the compiler's default)
 LONG_ROW_STAGES = 3  # backward, rows longer than ON_CHIP_BACKWARD: num_stages of the sweeps' loops (loads in flight)
 WARPS_PER_SM = 16  # backward: programs per SM = this // num_warps (two 8-warp programs at D <= 4096: 1.2-1.4x one)
-CENTER_PREFETCH_TILE = 8192  # backward, layer_norm with the prefetch, D <= 1024: its tile (too many registers for two programs)
+CENTER_PREFETCH_TILE = 8192  # backward, layer_norm with the prefetch, D <= 1024: its tile (two programs do not fit)
 SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction: tile elements, rows, warps
 
 
