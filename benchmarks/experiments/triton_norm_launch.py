@@ -3,12 +3,14 @@
 against the shipped choice and quack's backward, each timed as a CUDA-graph replay (the kernels
 alone, L2 flushed before each call).
 
-    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick]
+    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick] [--long]
 
-Per op, dtype and (N, D) of ``ELEMENTS`` elements: the backward's milliseconds for every variant
-(dx, dweight and, for layer_norm, dbias, from the same forward's statistics; each variant's results
-checked against the shipped one's), the fastest, and quack's backward where it is importable
-(``quack.rmsnorm``'s forward + backward minus its forward). Writes OUT.txt and prints it.
+``--long``: rows the backward sweeps twice (D = 16384, 65536), over ``CHUNK_D``,
+``LONG_ROW_STAGES`` and ``WARPS_PER_SM`` instead. Per op, dtype and (N, D) of ``ELEMENTS``
+elements: the backward's milliseconds for every variant (dx, dweight and, for layer_norm, dbias,
+from the same forward's statistics; each variant's results checked against the shipped one's), the
+fastest, and quack's backward where it is importable (``quack.rmsnorm``'s forward + backward minus
+its forward). Writes OUT.txt and prints it.
 """
 import argparse
 import itertools
@@ -24,6 +26,12 @@ VARIANTS = {  # field -> values; the product is the sweep
     "WARPS_PER_SM": [8, 16, 32],
     "BACKWARD_TILE": [4096, 8192],
     "BACKWARD_THREAD_ELEMENTS": [8, 16],
+}
+LONG_COLUMNS = [16384, 65536]  # --long: rows the backward sweeps twice
+LONG_VARIANTS = {
+    "CHUNK_D": [2048, 4096, 8192],
+    "LONG_ROW_STAGES": [2, 3, 4],
+    "WARPS_PER_SM": [16, 32],
 }
 
 
@@ -66,11 +74,14 @@ def quack_backward_ms(n: int, d: int, dtype: torch.dtype):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
-    p.add_argument("--quick", action="store_true", help="bfloat16 only, D = 1024 and 8192")
+    p.add_argument("--quick", action="store_true", help="bfloat16 only, D = 1024 and 8192 (with --long: 16384)")
+    p.add_argument("--long", action="store_true", help="rows swept twice (LONG_COLUMNS), over LONG_VARIANTS")
     args = p.parse_args()
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
-    columns = [1024, 8192] if args.quick else COLUMNS
-    names = list(VARIANTS)
+    variants = LONG_VARIANTS if args.long else VARIANTS
+    columns = LONG_COLUMNS if args.long else COLUMNS
+    columns = columns[:1] if args.quick and args.long else [1024, 8192] if args.quick else columns
+    names = list(variants)
     lines = [f"# triton norm backward launch choices, {torch.cuda.get_device_name()}, graphed ms",
              "fields: " + ", ".join(f"{k} (shipped {getattr(_norm, k)})" for k in names), ""]
     for center, dtype, d in itertools.product((False, True), dtypes, columns):
@@ -82,7 +93,7 @@ def main() -> None:
         shipped = run()
         shipped_ms = graph_ms(run)
         rows = []
-        for values in itertools.product(*VARIANTS.values()):
+        for values in itertools.product(*variants.values()):
             fields = dict(zip(names, values))
             got = with_fields(fields, run)
             for a, e in zip(got, shipped):
