@@ -225,3 +225,34 @@ def test_attention_tunes_once_per_doubling_of_the_lengths(monkeypatch):
         torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25),
                                    rtol=1e-4, atol=1e-4)
         assert len(tuned) == runs, (Tk, len(tuned))
+
+
+def test_float32_to_bfloat16_rounds_to_nearest_even():
+    """A float32 -> bfloat16 cast in a kernel, explicit or by a store, rounds as torch does (to
+    nearest, ties to even): on a GPU natively, under the interpreter through ``_launch``'s fix of its
+    truncating cast. Ties both ways, values just past a tie, subnormals, overflow, inf and NaN."""
+    import triton
+    import triton.language as tl
+
+    from _util import DEVICE
+    import kcourse.blas.triton._launch  # noqa: F401  (the interpreter's fix)
+
+    @triton.jit
+    def cast(x_ptr, y_ptr, z_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(x_ptr + i)
+        tl.store(y_ptr + i, x.to(tl.bfloat16))
+        tl.store(z_ptr + i, x)
+
+    ulp = 2.0 ** -7  # bfloat16's spacing in [1, 2)
+    special = [1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2**-20, -(1 + 3 * ulp / 2), -5.4296875, 3.3895e38,
+               -3.4e38, 1e-40, -9.2e-41, 1e-45, 0.0, -0.0, float("inf"), float("-inf"), float("nan")]
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 100
+    x[:len(special)] = torch.tensor(special)
+    x = x.to(DEVICE)
+    y, z = (torch.empty(64, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    cast[(1,)](x, y, z, N=64)
+    want = x.to(torch.bfloat16)
+    for got in (y, z):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()], want[~want.isnan()]), (x, got, want)

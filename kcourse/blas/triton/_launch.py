@@ -1,7 +1,8 @@
 """What the Triton kernels share: the interpreter switch, int64 indices, n-D strided indexing, and
 the launch (``launch``, ``launch_tuned``: the compiled kernel called directly once it exists, an
 autotuner's pick reused and kept on disk for the next process; ``compiling_only``: compile every
-kernel for a GPU without one).
+kernel for a GPU without one). Under the interpreter two of its defects are fixed at import: a loop
+bound under NumPy >= 2.4, and its float32 -> bfloat16 cast, which truncates where a GPU rounds.
 
 Elementwise ops (copy, swap, scal, axpby) take same-shape tensors whose strides may all differ.
 ``strided_layout`` (``kcourse.blas._layout``, shared with the cute backend) rewrites their common
@@ -376,5 +377,31 @@ def _fix_interpreter_for_numpy_2_4() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _fix_interpreter_bf16_rounding() -> None:
+    # Triton's interpreter (3.6 and 3.9) casts float32 to bfloat16 by dropping the low 16 bits (round
+    # toward zero), where a GPU rounds to nearest, ties to even: a bfloat16 result computed in float32
+    # would differ from the GPU's by up to an ulp, and a norm's h = x + residual, rounded and then
+    # normalized, by more. The cast here rounds as the GPU does (NaN stays NaN, overflow gives inf).
+    import numpy as np
+    from triton.runtime import interpreter
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    cast = getattr(builder, "cast_impl", None)
+    if cast is None or getattr(cast, "kcourse_fixed", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast(self, src, dst_type)
+        bits = np.asarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest, ties to even
+        quiet = (bits >> 16) | 0x40  # a NaN keeps its sign and stays a NaN
+        out = np.where(np.isnan(src.data), quiet, rounded).astype(np.uint16)
+        return interpreter.TensorHandle(out, dst_type.scalar)
+
+    cast_impl.kcourse_fixed = True
+    builder.cast_impl = cast_impl
+
+
 if INTERPRET:
     _fix_interpreter_for_numpy_2_4()
+    _fix_interpreter_bf16_rounding()
