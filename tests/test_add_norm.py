@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from kcourse import blas
 from kcourse.backend import backward_kernel, resolve
-from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, raises, randn, require_backend, require_dtype
+from _util import ALL_DTYPES, DTYPES, assert_close, raises, randn, require_backend, require_dtype
 
 CASES = ("add_rms_norm", "add_layer_norm")  # named ``case``: conftest's backend fixture skips a backend without it
 EPS = {"add_rms_norm": 1e-6, "add_layer_norm": 1e-5}
@@ -71,13 +71,6 @@ def check(case, backend, x, residual, params, dy, dh, eps=None):
     """backend vs the python reference and vs torch on the inputs upcast to float32 (float64 stays)."""
     rows = x.numel() // max(x.shape[-1], 1)
     got = run(kcourse_fn(case, backend, eps), x, residual, params, dy, dh)
-    if backend == "triton" and DEVICE == "cpu" and x.dtype == torch.bfloat16:
-        # Triton's CPU interpreter truncates float32 to bfloat16 instead of rounding it, so its h may be
-        # one unit in the last place off, which the norm then amplifies by 1/sigma: h is checked as it
-        # is, and everything after h from the backend's own h (x = h, residual = 0: the same h exactly)
-        assert_close(got[1], run(kcourse_fn(case, "python", eps), x, residual, params, dy, dh)[1])
-        x, residual = got[1], torch.zeros_like(got[1])
-        got = run(kcourse_fn(case, backend, eps), x, residual, params, dy, dh)
     assert_results(got, run(kcourse_fn(case, "python", eps), x, residual, params, dy, dh), rows)
     upcast = torch.promote_types(x.dtype, torch.float32)
     assert_results(got, run(torch_fn(case, eps, upcast), x, residual, params, dy, dh), rows)
