@@ -492,10 +492,15 @@ def _norm(name, data, op, add=False):
     bias = tensor(data, [D], dt) if op == "layer_norm" and data.draw(st.booleans()) else None
     rows = x.numel() // max(D, 1)
     # y and dx are rounding errors of terms of x's size times the row's 1/sigma (rstd): a row of
-    # nearly equal values amplifies them, as it amplifies any change of x
+    # nearly equal values amplifies them, as it amplifies any change of x; layer_norm's x - mean
+    # loses the digits of the mean, an error of |mean| * eps that its rstd amplifies again (a row
+    # of two values near -12.2, 0.14 apart: |mean| * rstd = 168)
     h64 = x.double() if residual is None else (x + residual).double()
     var = h64.var(-1, unbiased=False) if op == "layer_norm" else h64.square().mean(-1)
-    scale = max(1.0, float((var + eps).rsqrt().max())) if rows and D else 1.0
+    rstd = (var + eps).rsqrt()
+    scale = max(1.0, float(rstd.max())) if rows and D else 1.0
+    if op == "layer_norm" and rows and D:
+        scale *= max(1.0, float((h64.mean(-1).abs() * rstd).max()))
     cpu = lambda t: None if t is None else t.cpu()  # the float64 torch reference on the CPU: CUDA's
     # native_layer_norm_backward gives weight and bias gradients of shape (0,) for 0 rows
     if op == "layer_norm":
