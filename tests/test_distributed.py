@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,16 @@ def _rank(rank: int, port: int, device: str, backends: tuple[str, ...], extra: t
     except ValueError as e:
         seen["mismatched backends"] = str(e)
     (tmp / f"rank{rank}.json").write_text(json.dumps(seen))
+    torch.distributed.barrier()  # both ranks done with every collective before either leaves the group
     distributed.finish()
+    # Rank 0's process holds the group's TCPStore: it exits only once rank 1 has left the group (rank 1
+    # aborted now and then in its teardown, "terminate called without an active exception", when the
+    # store went away first)
+    (tmp / f"left{rank}").touch()
+    for _ in range(600 if rank == 0 else 0):
+        if (tmp / "left1").exists():
+            break
+        time.sleep(0.1)
 
 
 def two_ranks(device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> dict:
