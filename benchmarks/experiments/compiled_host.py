@@ -26,13 +26,10 @@ AUTOCAST_CALLS = collections.Counter()
 def count_autocast_calls() -> None:
     """Every op's autocast kernel, re-registered with a counter in front (the same rule behind it)."""
     for name in list(_library.IMPLS):
-        op = getattr(_library.ops, name).default
         for device, key in _library.AUTOCAST_KEYS.items():
-            def kernel(keyset, *args, _device=device, _policy=_library.AUTOCAST[device].get(name), _op=op,
-                       _name=name):
+            def kernel(keyset, *args, _rule=_library.autocast_kernel(name, device), _name=name):
                 AUTOCAST_CALLS[_name] += 1
-                with torch._C._ExcludeDispatchKeyGuard(_library.NO_AUTOCAST[_device]):
-                    return _op(*_library._cast(args, _policy, _device))
+                return _rule(keyset, *args)
 
             _library.LIB.impl(name, kernel, key, with_keyset=True, allow_override=True)
 

@@ -118,14 +118,21 @@ NO_AUTOCAST = {device: torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key
                for device, key in AUTOCAST_KEYS.items()}
 
 
-def _register_autocast(name: str) -> None:
-    op = getattr(ops, name).default
-    for device, key in AUTOCAST_KEYS.items():
-        def kernel(keyset, *args, _device=device, _policy=AUTOCAST[device].get(name)):
-            with torch._C._ExcludeDispatchKeyGuard(NO_AUTOCAST[_device]):
-                return op(*_cast(args, _policy, _device))
+def autocast_kernel(name: str, device: str) -> Callable:
+    """Op ``name``'s autocast kernel for ``device``'s autocast key: its arguments cast by the policy,
+    then the op below autocast."""
+    op, policy, excluded = getattr(ops, name).default, AUTOCAST[device].get(name), NO_AUTOCAST[device]
 
-        LIB.impl(name, kernel, key, with_keyset=True)
+    def kernel(keyset, *args):
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return op(*_cast(args, policy, device))
+
+    return kernel
+
+
+def _register_autocast(name: str) -> None:
+    for device, key in AUTOCAST_KEYS.items():
+        LIB.impl(name, autocast_kernel(name, device), key, with_keyset=True)
 
 
 IMPLS: dict[str, Callable] = {}  # op name -> its implementation (what torch.ops.kcourse.<op> runs)
