@@ -48,4 +48,7 @@ def _gemm(A, B, C, alpha, beta, out):
     batched = A.dim() == 3
     if C is None:
         return (out.baddbmm_ if batched else out.addmm_)(A, B, beta=0, alpha=alpha)
+    if not batched and C.stride() == (0, 1):  # a bias row broadcast down the rows (linear's C): as the
+        C = C[0]  # vector itself, which cuBLASLt adds in the product's epilogue on CUDA (beta = 1), as
+        # F.linear's bias; a broadcast matrix would be copied into out first and read back by the gemm
     return (torch.baddbmm if batched else torch.addmm)(C, A, B, beta=beta, alpha=alpha, out=out)
