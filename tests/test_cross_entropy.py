@@ -228,6 +228,29 @@ def test_backward_skips_unneeded(backend):
     assert kernel(torch.ones_like(loss), cache, (False, False), ignore_index=-100, reduction="sum") == (None, None)
 
 
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_pytorch_backward_from_kept_log_probs(dtype):
+    """The pytorch backend's backward from the forward's kept log-probabilities (``keep_log_probs``,
+    as linear_cross_entropy's chunks run it: their exp in place) against its softmax of the logits,
+    with ignored rows, a +inf beside the target and in it, and both row weightings."""
+    from kcourse.blas.pytorch import cross_entropy as ce
+
+    logits, target = randn(9, 300, dtype=dtype), targets(9, 300)
+    logits[0, 5], logits[3, target[3]] = INF, INF
+    for reduction, row_weighted in [("mean", True), ("sum", False), ("none", True)]:
+        loss, cache = ce.cross_entropy(logits, target, -100, reduction)
+        kept_loss, kept = ce.cross_entropy(logits, target, -100, reduction, keep_log_probs=True)
+        assert len(kept) == len(cache) + 1
+        torch.testing.assert_close(kept_loss, loss, equal_nan=True, rtol=0, atol=0)
+        dout = torch.ones_like(loss)
+        dx, _ = ce.cross_entropy_backward(dout, cache, (True, False), -100, reduction, row_weighted=row_weighted)
+        dx_kept, _ = ce.cross_entropy_backward(dout, kept, (True, False), -100, reduction, row_weighted=row_weighted)
+        assert dx_kept.dtype == dx.dtype == dtype
+        # bf16: p from a log-probability rounded to bf16 is off by up to p |log p| 2^-9 < 7.2e-4, p itself by its rounding
+        torch.testing.assert_close(dx_kept, dx, equal_nan=True, rtol=TOL[dtype][0],
+                                   atol=max(TOL[dtype][1], 1e-3 if dtype == torch.bfloat16 else 0))
+
+
 # A few long rows, each spread over several CTAs (the cute backend's _rows.split_rows; the forward's
 # form a cluster): (N, V, layout, cluster), as in _softmax_tests.CLUSTER_CASES
 CLUSTER_CASES = [(3, 50000, "contiguous", None), (2, 20001, "contiguous", None), (1, 300000, "contiguous", None),

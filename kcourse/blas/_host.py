@@ -482,16 +482,18 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
             else:  # no features: the logits are the bias
                 logits.copy_(bias.expand(logits.shape)) if bias is not None else logits.zero_()
             if losses is not None:
-                loss, (_, _, lse_rows) = cross_entropy(logits, t, ignore_index, "none")
+                loss, cache = cross_entropy(logits, t, ignore_index, "none")  # (logits, t, lse_rows[, ...])
+                lse_rows = cache[2]
                 losses[rows] = loss
                 if lse is not None:
                     lse[rows] = lse_rows
             else:
                 lse_rows = lse[rows]
+                cache = (logits, t, lse_rows)
             if grads is not None:
                 d, how = (one, "sum") if dout is None else (dout[rows], "none")
                 more = {"out": logits} if dlogits_in_place else {"row_weighted": False} if weights_on_operands else {}
-                dlogits, _ = cross_entropy_backward(d, (logits, t, lse_rows), (True, False), ignore_index, how, **more)
+                dlogits, _ = cross_entropy_backward(d, cache, (True, False), ignore_index, how, **more)
                 g = torch.where(t != ignore_index, d, 0).to(x.dtype) if weights_on_operands else None  # (n,)
                 accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, start == 0, ones, g)
 
