@@ -256,3 +256,22 @@ def test_pytorch_gemm_reduces_in_float32_and_restores_the_flags(monkeypatch, dty
         assert (now[0] if isinstance(now, tuple) else now) is True
     finally:
         set_(*(before if isinstance(before, tuple) else (before,)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pytorch_bias_reaches_addmm_as_a_vector(dtype):
+    """The pytorch backend hands a bias row broadcast down the rows (linear's, or a gemm's (N,) C) to
+    ``torch.addmm`` as the (N,) vector, which ATen adds in cuBLASLt's epilogue on CUDA (beta = 1),
+    not as the broadcast (M, N) matrix it would first copy into the output; a full C goes in whole."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, weight, bias, C = (randn(*shape, dtype=dtype) for shape in [(5, 3, 7), (11, 7), (11,), (15, 11)])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        y = blas.linear(x, weight, bias, backend="pytorch")
+        by_vector = blas.gemm(x.reshape(15, 7), weight.mT, bias, beta=1.0, backend="pytorch")
+        by_matrix = blas.gemm(x.reshape(15, 7), weight.mT, C, beta=1.0, backend="pytorch")
+    shapes = [e.input_shapes[0] for e in prof.events() if e.name == "aten::addmm"]
+    assert shapes == [[11], [11], [15, 11]], shapes
+    assert_close(y, blas.linear(x, weight, bias, backend="python"), k=7)
+    assert_close(by_vector, blas.gemm(x.reshape(15, 7), weight.mT, bias, beta=1.0, backend="python"), k=7)
+    assert_close(by_matrix, blas.gemm(x.reshape(15, 7), weight.mT, C, beta=1.0, backend="python"), k=7)
