@@ -27,7 +27,8 @@ Each variant builds its model afresh from the same initial weights (kcourse's GP
 torch.nn twin loads its state dict), trains `--warmup` AdamW steps on random tokens (the first one,
 timed alone, includes compiling, autotuning and CUDA-graph capture), then `--steps` timed steps:
 tokens/s = batch * T / (median step time), each step's time from CUDA events recorded between steps
-(no synchronization inside the loop) or, on the CPU, the wall clock. The peak memory
+(no synchronization inside the loop) or, on the CPU, the wall clock. On CUDA, host_ms: the median
+of five more steps' host time, each begun on an idle GPU (``host_times``). The peak memory
 (torch.cuda.max_memory_allocated, reset before the model is built) covers weights, gradients,
 optimizer state and activations. MFU: tokens/s times ``flops_per_token`` (6 per matmul weight plus
 12 L d T for attention) over the device's dense bfloat16 peak (``PEAK_TFLOPS``). A variant that
@@ -208,6 +209,7 @@ def run_variant(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
             events[i + 1].record()
         torch.cuda.synchronize()
         times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        host = host_times(step, args.steps)
     else:
         for i in range(args.steps):
             t = time.perf_counter()
@@ -217,10 +219,25 @@ def run_variant(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
     result = {"tokens_per_s": args.batch * c.block_size / median, "step_ms": 1e3 * median,
               "step_ms_mean": 1e3 * statistics.fmean(times), "step_ms_min": 1e3 * min(times),
               "first_step_s": first, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-              "final_loss": loss.item()}
+              "host_ms": 1e3 * statistics.median(host) if cuda else None, "final_loss": loss.item()}
     if args.profile:
         profile(step, args)
     return result
+
+
+def host_times(step, steps: int, most: int = 5) -> list[float]:
+    """The host's time for a step, in seconds, for up to ``most`` steps: each begun on an idle GPU
+    (after a synchronization), timed until ``step`` returns, so it measures the Python and launches
+    alone, never a wait for the GPU (a step enqueues far fewer kernels than CUDA's launch queue
+    holds). Near the step's GPU time or above it, the host sets the pace."""
+    times = []
+    for i in range(min(steps, most)):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return times
 
 
 def measure(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
@@ -317,7 +334,8 @@ def table(results: dict) -> str:
     m = results["meta"]
     lines = [f"{m['parameters'] / 1e6:.1f}M-parameter {m['arch']} GPT, T={m['block_size']}, batch {m['batch']}, "
              f"{m['device']}, torch {m['torch']}, triton {m['triton']}",
-             f"  {'variant':26s} {'tokens/s':>11s} {'ratio':>6s}  {'baseline':23s} {'ms/step':>8s} {'peak GiB':>8s} "
+             f"  {'variant':26s} {'tokens/s':>11s} {'ratio':>6s}  {'baseline':23s} {'ms/step':>8s} {'host ms':>7s} "
+             f"{'peak GiB':>8s} "
              f"{'1st step s':>10s} {'loss':>7s} {'MFU':>6s}"]
     for name, r in results["variants"].items():
         if "error" in r:
@@ -327,8 +345,9 @@ def table(results: dict) -> str:
         if r.get("ratio") and not name.startswith("torch.nn:") and r["ratio"] < target(name):
             ratio += "!"
         mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
+        host = f"{r['host_ms']:.1f}" if r.get("host_ms") is not None else "-"
         lines.append(f"  {name:26s} {r['tokens_per_s']:>11,.0f} {ratio:>7s} {r.get('baseline', ''):23s} "
-                     f"{r['step_ms']:8.1f} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f} "
+                     f"{r['step_ms']:8.1f} {host:>7s} {mem:>8s} {r['first_step_s']:10.2f} {r['final_loss']:7.4f} "
                      f"{format(r['mfu'], '.1%') if r.get('mfu') is not None else '-':>6s}")
     if results.get("cold_start"):
         lines.append("  first eager step in a new process (caches on disk from this run): " + ", ".join(

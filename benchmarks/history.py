@@ -167,7 +167,7 @@ def rows_from_variants(results: dict) -> list[dict]:
             ratio=_round(run["ratio"]) if model != "torch.nn" and run.get("ratio") else None,
             role="baseline" if model == "torch.nn" else None,
             peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
-            mfu=_round(run.get("mfu")), device=meta["device"], date=meta["date_utc"],
+            host_ms=_round(run.get("host_ms")), mfu=_round(run.get("mfu")), device=meta["device"], date=meta["date_utc"],
             versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
     for model, run in results.get("cold_start", {}).items():  # --cold-start: the first step of a new process
         if "first_step_s" in run:
@@ -459,10 +459,12 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
     def number(value, spec):
         return "-" if value is None else format(value, spec)
 
-    section("GPT training step (`benchmarks/gpt.py`)", "",
-            "model | backend | mode | dtype | ms / step> | tokens/s> | vs its torch.nn baseline> | date",
-            lambda r: (r["shape"], r["backend"], r.get("mode", "-"), r["dtype"], f"{r['ms']:.2f}", f"{r['rate']:,.0f}",
-                       ratio(r), r["date"][:10]),
+    section("GPT training step (`benchmarks/gpt.py`)",
+            "Host ms: a step's Python and launches alone, begun on an idle GPU (near ms / step or above it, the "
+            "host sets the pace); - where not measured.",
+            "model | backend | mode | dtype | ms / step> | host ms> | tokens/s> | vs its torch.nn baseline> | date",
+            lambda r: (r["shape"], r["backend"], r.get("mode", "-"), r["dtype"], f"{r['ms']:.2f}",
+                       number(r.get("host_ms"), ".1f"), f"{r['rate']:,.0f}", ratio(r), r["date"][:10]),
             sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" not in r and "ms" in r),
                    key=lambda r: (r["shape"], r.get("mode", ""), _order(r))))
     section("First training step of a new process (`benchmarks/gpt.py --cold-start`)",
