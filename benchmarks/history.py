@@ -167,7 +167,8 @@ def rows_from_variants(results: dict) -> list[dict]:
             ratio=_round(run["ratio"]) if model != "torch.nn" and run.get("ratio") else None,
             role="baseline" if model == "torch.nn" else None,
             peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
-            host_ms=_round(run.get("host_ms")), mfu=_round(run.get("mfu")), device=meta["device"], date=meta["date_utc"],
+            host_ms=_round(run.get("host_ms")), mfu=_round(run.get("mfu")), device=meta["device"],
+            date=meta["date_utc"],
             versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
     for model, run in results.get("cold_start", {}).items():  # --cold-start: the first step of a new process
         if "first_step_s" in run:

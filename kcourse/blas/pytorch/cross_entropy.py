@@ -82,7 +82,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     posinf = logits.amax(dim=1) == torch.inf  # (N,): rows holding +inf (log_softmax gives NaN there)
     lse = torch.where(posinf, torch.inf, x_t - log_p_t)
     loss = torch.where(valid, torch.where(posinf, torch.inf - x_t, -log_p_t), 0)
-    return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, lse, *([log_p] if keep_log_probs else []))
+    cache = (logits, target, lse, log_p) if keep_log_probs else (logits, target, lse)
+    return reduce_rows(loss, valid, reduction).to(logits.dtype), cache
 
 
 def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, reduction: str,
