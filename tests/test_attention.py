@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import kcourse
 from kcourse import blas
 from kcourse.blas import tuning
+from kcourse.blas._layout import heads_like
 from _util import ALL_DTYPES, DEVICE, DTYPES, assert_close, randn, require_backend, require_dtype
 
 # (B, H, Hkv, Tq, Tk, D): tiny, as the interpreter is slow, yet several tiles per row (the
@@ -133,6 +134,26 @@ def test_attention_layouts(backend, dtype, layout):
     expected = forward_backward(kcourse_attention("python", causal=True), q, k, v, dout)
     assert_matches(forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout), expected,
                    rounding_slack(q, k, v, dout, causal=True))
+
+
+@pytest.mark.parametrize("layout", ["projection", "contiguous"])
+def test_attention_output_layout(backend, layout):
+    # The op's layout (_layout.heads_like): out and each input's gradient order heads and tokens as the
+    # input does. q, k, v split from one projection's (B, T, (H + 2 Hkv) D) rows (as kcourse.modules
+    # makes them) give token-major out, dq, dk, dv: out reshapes to the next projection's rows as a view
+    # and the gradients concatenate into the projection's gradient in one straight pass.
+    B, H, Hkv, T, D = 2, 4, 2, 37, 64
+    if layout == "projection":
+        qkv_rows = torch.randn(B, T, H + 2 * Hkv, D, dtype=torch.bfloat16, device=DEVICE)
+        q, k, v = (t.transpose(1, 2) for t in qkv_rows.split([H, Hkv, Hkv], dim=2))
+    else:
+        q, k, v = qkv(B, H, Hkv, T, T, D, torch.bfloat16)
+    out, grads = forward_backward(kcourse_attention(backend, causal=True), q, k, v, torch.randn_like(q))
+    for t, like in zip((out, *grads), (q, q, k, v)):
+        assert t.shape == like.shape
+        assert (t.transpose(1, 2) if layout == "projection" else t).is_contiguous(), (t.shape, t.stride())
+    y = out.transpose(1, 2).reshape(B, T, H * D)
+    assert (y.data_ptr() == out.data_ptr()) == (layout == "projection")  # a view, not a copy
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -464,7 +485,7 @@ def test_cute_hopper_work_units(case):
     scale = D ** -0.5
 
     def forward(**variant):
-        out = torch.empty(B, H, Tq, D, dtype=q.dtype, device=q.device)
+        out = heads_like(q)  # the op's layout, which the kernel writes
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
         fwd90.attention_fwd_sm90(q, k, v, out, lse, causal, scale, tuning.launch("attention", **variant))
         return out, lse
@@ -472,7 +493,7 @@ def test_cute_hopper_work_units(case):
     def backward(out, lse, **variant):  # the backward's fields, named without their "backward_"
         grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
         launch = tuning.launch("attention", **{f"backward_{name}": value for name, value in variant.items()})
-        bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, *grads, causal, scale, launch)
+        bwd90.attention_bwd_sm90(q, k, v, out.contiguous(), dout, lse, *grads, causal, scale, launch)
         return grads
 
     one = dict(persistent=False, paired=False, scheduled=False)

@@ -112,7 +112,7 @@ def _backward_args(op, backend):
         outs = getattr(kops, op)(*args)
         k = len(spec.outs)
         named = dict(zip(spec.input_names, inputs), **dict(zip(spec.outs, outs)))
-        saved = [named[n] for n in _library._saved(op, backend)] + list(outs[k:])
+        saved = [named[n] for n in spec.saved] + list(outs[k:])
         needs = [g is not None and (inputs[i] is not None) for i, g in enumerate(spec.grads)]
         douts = [torch.randn_like(o) for o in outs[:k]]
         result.append((*douts, saved, needs, *params.values(), backend))

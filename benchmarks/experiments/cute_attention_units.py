@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from benchmarks.timing import bench_ms
 
 from kcourse.blas import tuning
+from kcourse.blas._layout import heads_like
 from kcourse.blas.cute import _attention_bwd_sm90 as bwd90
 from kcourse.blas.cute import _attention_fwd_sm90 as fwd90
 
@@ -135,7 +136,7 @@ def heads(B, H, T, D, layout):
 
 def forward(q, k, v, causal, scale, variant):
     B, H, Tq, D = q.shape
-    out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    out = heads_like(q)  # the op's layout, which the kernel writes
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     if "paired" in variant and "scheduled" not in variant:  # a named walk of pairs or tiles, not the config's table
         variant = {"scheduled": False, **variant}
@@ -149,7 +150,7 @@ def backward(q, k, v, out, dout, lse, causal, scale, variant):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
     launch = tuning.launch("attention", **{f"backward_{name}": value for name, value in variant.items()
                                            if name in ("persistent", "paired", "tma_store")})
-    bwd90.attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, launch)
+    bwd90.attention_bwd_sm90(q, k, v, out.contiguous(), dout, lse, dq, dk, dv, causal, scale, launch)
     return dq, dk, dv
 
 

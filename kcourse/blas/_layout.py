@@ -1,6 +1,6 @@
 """The index space of same-shape tensors, merged: what every backend's elementwise kernels walk;
-the strides of a (B, H, T, D) attention operand as a TMA descriptor takes them; and the rows of a
-(..., D) tensor as the norm kernels take them.
+the strides of a (B, H, T, D) attention operand as a TMA descriptor takes them, and the layout of
+attention's outputs; and the rows of a (..., D) tensor as the norm kernels take them.
 
 Elementwise ops (copy, swap, scal, axpby, ...) take same-shape tensors whose strides may all
 differ. ``strided_layout`` rewrites their common index space as at most ``MAX_DIMS`` dims with one
@@ -68,6 +68,30 @@ def tma_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
     if max(s_b, s_h, s_t) * size >= TMA_MAX_STRIDE:
         return None
     return s_b, s_h, s_t
+
+
+def token_major(t: torch.Tensor) -> bool:
+    """Are the tokens of ``t (B, H, T, D)`` further apart in memory than its heads, as in the heads of a
+    projection's ``(B, T, H * D)`` rows, viewed ``(B, T, H, D)`` and transposed?"""
+    return t.stride(2) > t.stride(1)
+
+
+def heads_like(t: torch.Tensor, shape=None) -> torch.Tensor:
+    """A new tensor of ``shape`` (default ``t``'s), (B, H, T, D), that orders its heads and tokens as
+    ``t`` does: ``(B, T, H, D)`` memory viewed as heads where ``t`` is ``token_major`` (attention's
+    output then reshapes to the ``(B, T, H * D)`` rows of the next projection without a copy, and its
+    inputs' gradients concatenate into the projection's gradient in one straight pass), else contiguous."""
+    B, H, T, D = t.shape if shape is None else shape
+    if token_major(t):
+        return t.new_empty((B, T, H, D)).transpose(1, 2)
+    return t.new_empty((B, H, T, D))
+
+
+def laid_out_like_heads(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``x`` (of ``t``'s layout rule's shape) in ``heads_like(t)``'s layout: itself, or a copy."""
+    if x.transpose(1, 2).is_contiguous() if token_major(t) else x.is_contiguous():
+        return x
+    return heads_like(t, x.shape).copy_(x)
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:

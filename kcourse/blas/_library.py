@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from .. import backend as backends
-from . import _cache, _check
+from . import _cache, _check, _layout
 from ._host import acc_dtype as _acc_dtype
 
 LIB = torch.library.Library("kcourse", "DEF")
@@ -655,6 +655,8 @@ class Primitive:
     #                             (``in_place=True``): no second copy of gradients the forward computed
     inference_only: tuple[str, ...] = ()  # inputs that, when given, leave the op without a backward
     #                                       (attention's kv_len): a gradient through it is refused
+    heads: bool = False  # the output and each saved input's gradient are (B, H, T, D), laid out as that
+    #                      input orders heads and tokens (``_layout.heads_like``: the output as q)
 
     @functools.cached_property  # read on every call: parsed once
     def input_names(self) -> list[str]:
@@ -685,9 +687,11 @@ def _dense(x, *rest, **params):
 def _conform(out: Tensor, spec: "Primitive", inputs: tuple) -> Tensor:
     """``out`` in the layout the fake implementation promised (a copy only where a backend's
     kernel chose another one)."""
-    if spec.out is not _like:
-        return out.contiguous()
-    return _laid_out_as(out, inputs[0])
+    if spec.out is _like:
+        return _laid_out_as(out, inputs[0])
+    if spec.heads:
+        return _layout.laid_out_like_heads(out, inputs[0])
+    return out.contiguous()
 
 
 def _laid_out_as(out: Tensor, x: Tensor) -> Tensor:
@@ -697,6 +701,11 @@ def _laid_out_as(out: Tensor, x: Tensor) -> Tensor:
     if out.stride() == torch.empty_like(x, device="meta").stride():
         return out
     return torch.empty_like(x).copy_(out)
+
+
+def _heads_of_q(q, *rest, **params):
+    """An output of q's shape, laid out as q orders its heads and tokens (``_layout.heads_like``)."""
+    return _layout.heads_like(q)
 
 
 def _loss(logits, target, ignore_index, reduction):
@@ -796,17 +805,23 @@ PRIMITIVES: dict[str, Primitive] = {
                       lambda b, x, pos, p: _check.check_rope(b, x, p["base"], pos), _like,
                       saved=("positions",), grads=("dout", None), strided_dout=True),
     "attention": Primitive("Tensor q, Tensor k, Tensor v, Tensor? kv_len", "bool causal, float scale",
-                           lambda b, q, k, v, kv_len, p: _check.check_attention(b, q, k, v, kv_len, **p), _dense,
-                           saved=("q", "k", "v", "out"), extras=_attention_lse, grads=("q", "k", "v", None),
-                           strided_dout=True, inference_only=("kv_len",)),
+                           lambda b, q, k, v, kv_len, p: _check.check_attention(b, q, k, v, kv_len, **p),
+                           _heads_of_q, saved=("q", "k", "v", "out"), extras=_attention_lse,
+                           grads=("q", "k", "v", None), strided_dout=True, inference_only=("kv_len",), heads=True),
 }
 
-# The pytorch backend's attention keeps only q, k, v: its backward recomputes SDPA's forward.
-SAVED_BY_BACKEND = {("attention", "pytorch"): ("q", "k", "v")}
 
 
-def _saved(op: str, backend: str) -> tuple[str, ...]:
-    return SAVED_BY_BACKEND.get((op, backend), PRIMITIVES[op].saved)
+def _kept_lse(q, k, v, kv_len, causal, scale):
+    """The pytorch backend's attention keeps the lse of ATen's flash kernel where it calls that
+    kernel itself (``keeps_lse``), else an empty one (its backward then recomputes the forward)."""
+    from .pytorch.attention import keeps_lse
+    if keeps_lse(q, k, v, kv_len, causal, scale):
+        return _attention_lse(q, k, v, kv_len, causal, scale)
+    return [q.new_empty((0,), dtype=torch.float32)]
+
+
+EXTRAS_BY_BACKEND = {("attention", "pytorch"): _kept_lse}  # (op, backend) -> its own ``extras``
 
 
 def _split(spec: Primitive, args: tuple) -> tuple[tuple, dict, str]:
@@ -818,12 +833,12 @@ def _define_primitive(op: str, spec: Primitive) -> None:
     params = f"{spec.params}, " if spec.params else ""
 
     k = len(spec.outs)  # the differentiable outputs; the extras follow them
+    saved = len(spec.saved)
 
     def forward(*args):
         inputs, p, backend = _split(spec, args)
         out, cache = kernel(op, backend)(*inputs, **p)
         result = [_conform(out, spec, inputs)] if k == 1 else [_conform(o, spec, inputs) for o in out]
-        saved = len(_saved(op, backend))
         if len(cache) > saved:  # the extras (attention's lse, a fused op's cached activations)
             result += [t.contiguous() for t in cache[saved:]]
         return result
@@ -831,7 +846,7 @@ def _define_primitive(op: str, spec: Primitive) -> None:
     def forward_fake(*args):
         inputs, p, backend = _split(spec, args)
         spec.check(backend, *inputs, p)
-        extras = [] if (op, backend) in SAVED_BY_BACKEND else spec.extras(*inputs, **p)
+        extras = EXTRAS_BY_BACKEND.get((op, backend), spec.extras)(*inputs, **p)
         out = spec.out(*inputs, **p)
         return [*(out if k > 1 else (out,)), *extras]
 
@@ -850,18 +865,23 @@ def _define_primitive(op: str, spec: Primitive) -> None:
         needs = kernel_needs(needs)
         grads = backends.backward_kernel(backend, op)((dout, *douts) if k > 1 else dout, tuple(saved), tuple(needs),
                                                       **p, **({"in_place": True} if in_place else {}))
+        if spec.heads:  # each gradient laid out as its input
+            named = dict(zip(spec.saved, saved))
+            return [_layout.laid_out_like_heads(g, named[where]) for g, where, need in zip(grads, spec.grads, needs)
+                    if need]
         return [_laid_out_as(g, dout) if spec.strided_dout and where == "dout" else g.contiguous()
                 for g, where, need in zip(grads, spec.grads, needs) if need]
 
     def backward_fake(dout, *rest):
         saved, needs, *args = rest[k - 1:]
-        named = dict(zip(_saved(op, args[-1]), saved))
+        named = dict(zip(spec.saved, saved))
         shapes = {"dout": dout.shape, "row": dout.shape[-1:]}
         # a gradient has its input's dtype: dout's for "dout" and "row" (whose inputs have the output's
         # dtype), the saved input's own otherwise (linear_cross_entropy's float32 loss under autocast
         # has bf16 inputs: inductor allocates and reads each buffer as this says)
         return [torch.empty_like(dout) if spec.strided_dout and g == "dout"
-                else dout.new_empty(shapes[g]) if g in shapes else named[g].new_empty(named[g].shape)
+                else dout.new_empty(shapes[g]) if g in shapes
+                else _layout.heads_like(named[g]) if spec.heads else named[g].new_empty(named[g].shape)
                 for g, need in zip(spec.grads, kernel_needs(needs)) if need]
 
     more = "".join(f"Tensor? d{name}, " for name in spec.outs[1:])  # the other outputs' gradients (None: zero)
@@ -870,16 +890,12 @@ def _define_primitive(op: str, spec: Primitive) -> None:
 
     n = len(spec.input_names)
     position = {name: i for i, name in enumerate((*spec.input_names, *spec.outs))}  # in (*inputs, *outputs)
-    saved_at: dict = {}  # backend -> the positions of what its backward reads (``_saved``)
+    at = [position[name] for name in spec.saved]  # what the backward reads first, in (*inputs, *outputs)
     refused_at = [(name, position[name]) for name in spec.inference_only]
 
     def setup(ctx, inputs, output):
-        # runs on every call that wants a gradient: positions worked out once, no dicts built per call
+        # runs on every call that wants a gradient: the positions are worked out once (``at``)
         tensors = (*inputs[:n], *output)
-        backend = inputs[-1]
-        at = saved_at.get(backend)
-        if at is None:
-            at = saved_at[backend] = [position[name] for name in _saved(op, backend)]
         ctx.n, ctx.args = n, inputs[n:]
         ctx.refused = [name for name, i in refused_at if tensors[i] is not None]
         extras = output[k:]

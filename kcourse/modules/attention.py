@@ -1,10 +1,12 @@
 """Multi-head and grouped-query self-attention through kcourse.blas.attention.
 
 The heads are views of the projection, never copies: ``qkv (B, T, (H + 2 Hkv) hd)`` is viewed as
-``(B, T, H + 2 Hkv, hd)``, split along the heads and transposed to ``(B, heads, T, hd)``. In that
-order the backward is one pass too: the three head gradients are concatenated straight into the
-row-major ``(B, T, H + 2 Hkv, hd)`` gradient of the projection (splitting the feature dim first
-and reshaping each part would make autograd copy each part once more before concatenating).
+``(B, T, H + 2 Hkv, hd)``, split along the heads and transposed to ``(B, heads, T, hd)``. The op
+lays its output and gradients out as these token-major views (``_layout.heads_like``): the output
+reshapes to the ``(B, T, H hd)`` rows of ``c_proj`` without a copy, and the backward is one pass
+too: the three head gradients are concatenated straight into the row-major ``(B, T, H + 2 Hkv,
+hd)`` gradient of the projection (splitting the feature dim first and reshaping each part would
+make autograd copy each part once more before concatenating).
 
 With a ``KVCache`` (see generate.py) the keys and values of earlier positions are read from the
 cache: a prompt fills an empty cache (causal over its own positions), then each token attends to
@@ -65,4 +67,4 @@ class Attention(Module):
                 kv_len = cache.kv_len  # (B,)
             k, v = cache.append(layer, k, v, backend=self.backend)  # (B, Hkv, pos + T | max_len, hd)
         y = blas.attention(q, k, v, causal=self.causal and pos == 0, kv_len=kv_len, backend=self.backend)  # (B, H, T, hd)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd))  # (B, T, dim)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd))  # (B, T, dim): a view of y

@@ -144,6 +144,9 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
     answer for these operands under it (the cute attention caches it per layout), else worked out here."""
     B, H, Tq, D = q.shape
+    if not out.is_contiguous():  # (the preprocess reads out's rows as contiguous)
+        raise ValueError(f"attention (cute, Hopper backward): out {tuple(out.shape)} with strides {out.stride()} "
+                         "must be contiguous; pass out.contiguous()")
     key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), launch)
     rows = B * H * -(-Tq // TILE_M) * TILE_M  # lse2 and delta: (B, H, Tq) padded to whole tiles
     dev = _compile.stream_of(q)

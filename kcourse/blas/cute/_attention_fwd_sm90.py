@@ -94,7 +94,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .._layout import tma_strides
+from .._layout import tma_strides, token_major
 from .. import _cache
 from . import _compile
 from ._attention_fwd import LOG2E, _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
@@ -197,9 +197,9 @@ def schedule_table(m_tiles: int, heads: int, Tk: int, causal: bool, grid: int, d
 
 def plan(q, k, v, causal: bool, scale: float, sms: int, launch) -> tuple:
     """``(key, numbers, walk)`` of the launch for q, k, v (tensors, or their ``_compile.Operand``
-    stand-ins) as ``supports`` takes them and a new contiguous out: the compile key, the runtime
-    numbers after the pointers and the table's width, and ``schedule_table``'s arguments but the
-    device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``launch``:
+    stand-ins) as ``supports`` takes them and a new out laid out as ``_layout.heads_like(q)``: the
+    compile key, the runtime numbers after the pointers and the table's width, and
+    ``schedule_table``'s arguments but the device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``launch``:
     the attention table (``attention.Launch``): its fields that are not None replace ``config``'s."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -212,16 +212,19 @@ def plan(q, k, v, causal: bool, scale: float, sms: int, launch) -> tuple:
         walk = (m_tiles, H * B, Tk, causal, sms)
     key = (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"], c["pingpong"], c["overlap"], c["q_stages"],
            c["k_stages"], c["v_stages"], c["tma_store"], c["scheduled"])
-    numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), H * Tq * D, Tq * D, D,
-               scale * LOG2E, sms)
+    out = (Tq * H * D, D, H * D) if token_major(q) else (H * Tq * D, Tq * D, D)  # heads_like(q)'s strides
+    numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out, scale * LOG2E, sms)
     return key, numbers, walk
 
 
 def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, launch, planned: tuple | None = None) -> None:
     """out <- attention(q, k, v), lse <- its log-sum-exp; q, k, v as ``supports`` accepts, out (B, H,
-    Tq, D) contiguous and 16-byte aligned, lse (B, H, Tq) float32 contiguous. ``launch``: the
+    Tq, D) new, laid out as ``_layout.heads_like(q)``, lse (B, H, Tq) float32 contiguous. ``launch``: the
     attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
     answer for these operands under it (the cute attention caches it per layout), else worked out here."""
+    if not (out.transpose(1, 2).is_contiguous() if token_major(q) else out.is_contiguous()):
+        raise ValueError(f"attention (cute, Hopper forward): out {tuple(out.shape)} with strides {out.stride()} is "
+                         f"not laid out as _layout.heads_like(q) (q's strides {q.stride()}); allocate it with that")
     key, numbers, walk = planned or plan(q, k, v, causal, scale, sm_count(q.device), launch)
     table = lse  # any int32-aligned pointer where no table is read
     if walk is not None:

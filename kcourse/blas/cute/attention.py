@@ -72,6 +72,7 @@ from typing import NamedTuple
 import torch
 
 from .. import tuning
+from .._layout import heads_like
 from . import _compile
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
 from ._attention_bwd_sm90 import attention_bwd_sm90, plan as sm90_bwd_plan, supports as sm90_bwd_supports
@@ -240,12 +241,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.T
     plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), kv_len is not None, causal, scale, table,
                          *_facts(q))
     B, H, Tq, D = q.shape
-    out = q.new_empty((B, H, Tq, D))
     lse = q.new_empty((B, H, Tq), dtype=torch.float32)
     if plan is None:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
-        return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
+        out = q.new_zeros((B, H, Tq, D))
+        return out, (q, k, v, out, lse.fill_(float("-inf")))
     if any(plan.copies):
         q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), plan.copies))
+    # the Hopper kernel writes the op's layout (token-major for token-major q); mma.sync a contiguous out
+    out = heads_like(q) if plan.sm90 else q.new_empty((B, H, Tq, D))
     if plan.sm90:
         attention_fwd_sm90(q, k, v, out, lse, causal, scale, table, planned=(plan.key, plan.numbers, plan.walk))
     else:

@@ -75,7 +75,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._layout import tma_strides
+from .._layout import heads_like, tma_strides
 from ._launch import INTERPRET, cdiv, is_hopper, launch, launch_tuned, next_power_of_2
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
@@ -395,13 +395,14 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, stride_qt, stride_qd, str
 @_autotune(DKDV_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                          svb, svh, svt, svd, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk, qk_scale, sm_scale,
+                          svb, svh, svt, svd, sdob, sdoh, sdot, sdod, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
+                          GROUP, Tq, Tk, qk_scale, sm_scale,
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # q, do: (B, H, Tq, HEAD_DIM); k, v: (B, Hkv, Tk, HEAD_DIM) with H = GROUP Hkv, all through their
     # strides (with TMA: Q, K, V, DO are descriptors of them, D = BLOCK_D, and the strides go unused);
-    # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM) contiguous
+    # lse, delta: (B, H, Tq) float32; dk, dv: (B, Hkv, Tk, HEAD_DIM), the head dim of stride 1
     start_n = tl.program_id(0) * BLOCK_N
     hk, b = tl.program_id(1), tl.program_id(2)
     Hkv = tl.num_programs(1)
@@ -430,9 +431,8 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, sqd, s
                              Tq, qk_scale, lo, mid, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, True, TMA)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_at, do_at, LSE + row0, DELTA + row0, b, h, sqt, sqd, sdot, sdod, cols,
                              Tq, qk_scale, mid, Tq, PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_M, False, TMA)
-    out = (b.to(tl.int64) * Hkv + hk) * Tk * HEAD_DIM
-    _store_rows(DK + out, dk * sm_scale, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
-    _store_rows(DV + out, dv, cols, Tk, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
+    _store_rows(_head(DK, b, hk, sdkb, sdkh), dk * sm_scale, cols, Tk, sdkt, 1, HEAD_DIM, BLOCK_D)
+    _store_rows(_head(DV, b, hk, sdvb, sdvh), dv, cols, Tk, sdvt, 1, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -462,19 +462,20 @@ def _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, stride_kt, stride_kd, stride_v
 @_autotune(DQ_CONFIGS, key=("TMA",))
 @triton.jit
 def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                        svb, svh, svt, svd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, GROUP, Tq, Tk,
-                        qk_scale, sm_scale,
+                        svb, svh, svt, svd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod, sdqb, sdqh, sdqt,
+                        GROUP, Tq, Tk, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # q, o, do: (B, H, Tq, HEAD_DIM); k, v: (B, H / GROUP, Tk, HEAD_DIM), all through their strides;
-    # dq: (B, H, Tq, HEAD_DIM) contiguous (with TMA: Q, K, V, DO are descriptors, their strides unused);
+    # dq: (B, H, Tq, HEAD_DIM), the head dim of stride 1 (with TMA: Q, K, V, DO are descriptors, their
+    # strides unused);
     # lse: (B, H, Tq) float32. Writes delta (B, H, Tq) float32 too: its rows are this program's, and
     # the dK, dV kernel reads it after.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     h, b = tl.program_id(1), tl.program_id(2)
     hk = h // GROUP
-    row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in dq, lse, delta
+    row0 = (b.to(tl.int64) * tl.num_programs(1) + h) * Tq  # this head's first row in lse, delta
     rows = start_m + tl.arange(0, BLOCK_M)
     if TMA:  # query rows past Tq arrive as zeros
         q, do = _load_tma_pair(Q, DO, b, h, start_m, BLOCK_M, BLOCK_D, UPCAST)
@@ -493,7 +494,7 @@ def attention_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, sqb, sqh, sqt, sqd, skb,
                    PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
     dq = _dq_tiles(dq, q, do, lse, delta, K, V, b, hk, skt, skd, svt, svd, rows, Tk, qk_scale, full, end,
                    PRECISION, UPCAST, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
-    _store_rows(DQ + row0 * HEAD_DIM, dq * sm_scale, rows, Tq, HEAD_DIM, 1, HEAD_DIM, BLOCK_D)
+    _store_rows(_head(DQ, b, h, sdqb, sdqh), dq * sm_scale, rows, Tq, sdqt, 1, HEAD_DIM, BLOCK_D)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -576,7 +577,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal:
     meta = _meta(q)
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
-    out = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    out = heads_like(q)  # token-major for token-major q: the op's layout
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     if out.numel() == 0 or Tk == 0:  # no keys: an empty sum, zeros (as scaled_dot_product_attention)
         return out.zero_(), (q, k, v, out, lse.fill_(float("-inf")))
@@ -613,15 +614,16 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     tma = descriptors is not None
     key = (*_key(q, Tq, Tk, causal, meta), tma)
     if needs[0]:  # the dQ kernel computes delta on the way
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq = heads_like(q)  # each gradient laid out as its input (the op's layout)
         launch_tuned(attention_dq_kernel, _grid(Tq, B, H, "BLOCK_M"), key, q_, k_, v_, out, dout_, lse, delta, dq,
-                     *strides, *out.stride(), *dout.stride(), *args, CAUSAL=causal, TMA=tma, **meta)
+                     *strides, *out.stride(), *dout.stride(), *dq.stride()[:3], *args, CAUSAL=causal, TMA=tma,
+                     **meta)
     else:
         launch(attention_delta_kernel, _grid(Tq, B, H, "BLOCK_M"), out, dout, delta, *out.stride(), *dout.stride(), Tq,
                HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=64)
     if needs[1] or needs[2]:
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        dk, dv = heads_like(k), heads_like(v)
         launch_tuned(attention_dkdv_kernel, _grid(Tk, B, Hkv, "BLOCK_N"), key, q_, k_, v_, dout_, lse, delta, dk, dv,
-                     *strides, *dout.stride(), *args, CAUSAL=causal, TMA=tma, **meta)
+                     *strides, *dout.stride(), *dk.stride()[:3], *dv.stride()[:3], *args, CAUSAL=causal, TMA=tma,
+                     **meta)
     return dq, dk if needs[1] else None, dv if needs[2] else None
