@@ -185,6 +185,18 @@ def make_step(model, opt, mode: str, args, data):
     return step
 
 
+def warm_step(name: str, args, c: GPTConfig, initial: dict, data, warmup: int):
+    """``(model, step)`` of variant ``name`` (AdamW, fused) after ``warmup`` steps, the GPU synchronized:
+    for the experiments that time or profile a warm step."""
+    model = build(name, args, c, initial)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    step = make_step(model, opt, name.partition(":")[2], args, data)
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    return model, step
+
+
 def run_variant(name: str, args, c: GPTConfig, initial: dict, data) -> dict:
     mode = name.partition(":")[2]
     cuda = args.cuda

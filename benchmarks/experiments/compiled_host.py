@@ -55,12 +55,7 @@ def main() -> None:
     for mode in ("compile", "autocast+compile"):
         for model_name in models:
             name = f"{model_name}:{mode}"
-            model = bench.build(name, run, config, initial)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-            step = bench.make_step(model, opt, mode, run, data)
-            for i in range(4):
-                step(i)
-            torch.cuda.synchronize()
+            model, step = bench.warm_step(name, run, config, initial, data, warmup=4)
             AUTOCAST_CALLS.clear()
             host, wall = [], []
             for i in range(args.steps):
@@ -74,7 +69,7 @@ def main() -> None:
                     f"ms; autocast kernel calls a step: {sum(AUTOCAST_CALLS.values()) / args.steps:g}")
             print(line, flush=True)
             lines.append(line)
-            del model, opt, step
+            del model, step
             torch._dynamo.reset()
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:

@@ -28,13 +28,7 @@ def launcher(event):
 
 
 def profile_variant(name: str, args, c, initial, data) -> list[str]:
-    mode = name.partition(":")[2]
-    model = bench.build(name, args, c, initial)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    step = bench.make_step(model, opt, mode, args, data)
-    for i in range(3):
-        step(i)
-    torch.cuda.synchronize()
+    model, step = bench.warm_step(name, args, c, initial, data, warmup=3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for i in range(args.steps):
@@ -57,7 +51,7 @@ def profile_variant(name: str, args, c, initial, data) -> list[str]:
     lines.append(f"  {'a step':>7} {'ms':>7}  op")
     for op, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.rows]:
         lines.append(f"  {n / s:7.1f} {us / s / 1e3:7.3f}  {op}")
-    del model, opt, step
+    del model, step
     torch.cuda.empty_cache()
     return lines
 

@@ -22,8 +22,9 @@ which a compiled graph has applied already (three Python frames less a call).
 The ``op_`` variants mutate their target (``Tensor(a!)`` in the schema) and return nothing; the
 public ``kcourse.blas.<op>_`` returns the target. Outputs of the out-of-place ops are contiguous,
 except those of the elementwise and softmax-like ops, laid out as their input where that is dense
-(a permuted view), as ``torch.empty_like``: the fake implementations promise one layout and the
-implementations keep it.
+(a permuted view), as ``torch.empty_like``, and attention's output and gradients, ordered as their
+inputs order heads and tokens (``_layout.heads_like``): the fake implementations promise one layout
+and the implementations keep it.
 
 BLAS conventions kept on every backend, whatever the kernel underneath does: with ``beta == 0``
 ``C``/``y`` is not read (NaN there does not reach the result); with ``alpha == 0`` ``A``, ``B``,
