@@ -230,22 +230,25 @@ def test_backward_skips_unneeded(backend):
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_pytorch_backward_from_kept_log_probs(dtype):
-    """The pytorch backend's backward from the forward's kept log-probabilities (``keep_log_probs``,
-    as linear_cross_entropy's chunks run it: their exp in place) against its softmax of the logits,
+    """The pytorch backend's backward from the forward's kept log-probabilities, as a new tensor (the
+    op's backward: the cache left as it was) and written over them (``spend_log_probs``, as
+    linear_cross_entropy's chunks run it), against its softmax of the logits (a cache without them),
     with ignored rows, a +inf beside the target and in it, and both row weightings."""
     from kcourse.blas.pytorch import cross_entropy as ce
 
     logits, target = randn(9, 300, dtype=dtype), targets(9, 300)
     logits[0, 5], logits[3, target[3]] = INF, INF
     for reduction, row_weighted in [("mean", True), ("sum", False), ("none", True)]:
-        loss, cache = ce.cross_entropy(logits, target, -100, reduction)
-        kept_loss, kept = ce.cross_entropy(logits, target, -100, reduction, keep_log_probs=True)
-        assert len(kept) == len(cache) + 1
-        torch.testing.assert_close(kept_loss, loss, equal_nan=True, rtol=0, atol=0)
+        loss, kept = ce.cross_entropy(logits, target, -100, reduction)
+        log_p = kept[3].clone()
         dout = torch.ones_like(loss)
-        dx, _ = ce.cross_entropy_backward(dout, cache, (True, False), -100, reduction, row_weighted=row_weighted)
-        dx_kept, _ = ce.cross_entropy_backward(dout, kept, (True, False), -100, reduction, row_weighted=row_weighted)
-        assert dx_kept.dtype == dx.dtype == dtype
+        grads = [ce.cross_entropy_backward(dout, cache, (True, False), -100, reduction, row_weighted=row_weighted,
+                                           spend_log_probs=spend)[0]
+                 for cache, spend in [(kept[:3], False), (kept, False), ((*kept[:3], log_p.clone()), True)]]
+        torch.testing.assert_close(kept[3], log_p, equal_nan=True, rtol=0, atol=0)  # not spent
+        dx, dx_kept, dx_spent = grads
+        assert dx_kept.dtype == dx_spent.dtype == dx.dtype == dtype
+        torch.testing.assert_close(dx_spent, dx_kept, equal_nan=True, rtol=0, atol=0)
         # the two differ by roundings: bf16's p from a log-probability rounded to bf16 is off by up
         # to p |log p| 2^-9 < 7.2e-4, below the table's tolerance
         torch.testing.assert_close(dx_kept, dx, equal_nan=True, rtol=TOL[dtype][0], atol=TOL[dtype][1])

@@ -822,7 +822,14 @@ def _kept_lse(q, k, v, kv_len, causal, scale):
     return [q.new_empty((0,), dtype=torch.float32)]
 
 
-EXTRAS_BY_BACKEND = {("attention", "pytorch"): _kept_lse}  # (op, backend) -> its own ``extras``
+def _lse_and_log_probs(logits, target, ignore_index, reduction):
+    """The pytorch backend's cross_entropy keeps each row's lse and the (N, V) log-probabilities."""
+    from .pytorch.cross_entropy import log_probs_like
+    return [*_row_stats(1)(logits), log_probs_like(logits)]
+
+
+EXTRAS_BY_BACKEND = {("attention", "pytorch"): _kept_lse,  # (op, backend) -> its own ``extras``
+                     ("cross_entropy", "pytorch"): _lse_and_log_probs}
 
 
 def _split(spec: Primitive, args: tuple) -> tuple[tuple, dict, str]:

@@ -25,17 +25,19 @@ argument check (``kcourse.blas._check``) raises on the host, and a direct call o
 fails in the gather (torch's own IndexError) before anything is returned.
 
 Backward: ``dx_ij = (softmax(x_i)_j - [j == target_i]) * g_i`` with ``g_i = dout / n_valid`` (mean),
-``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows: ``torch.softmax`` recomputes the softmax in
-the logits' dtype (float32 inside, rounded once); or, where the forward kept its log-probabilities
-(``keep_log_probs``: linear_cross_entropy, whose backward follows each chunk's forward at once),
-their ``exp_`` in place, as torch's own backward reads its kept log_softmax: one elementwise pass
-where ATen's softmax over long rows runs far below bandwidth (H200, 32768 x 8192 bf16: 1.0 ms
-against 0.27 for a read and a write), at the cost of the forward's (N, V) buffer living until the
-backward (bf16's probabilities then come from log-probabilities rounded to bf16: an absolute error
-up to p |log p| 2^-9 < 7.2e-4, as torch's). Either is scaled in place by g in the logits' dtype (a
-mixed-dtype in-place product runs far below bandwidth; for half logits g and the product are each
-rounded once more); the target column is then overwritten with ``(exp(x_t - lse) - 1) * g``
-computed in float32 (subtracting 1 from a rounded probability near 1 would cancel its digits).
+``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows. The forward keeps its log-probabilities
+(the cache is ``(logits, target, lse, log_p)``, as torch's own backward keeps its log_softmax), and
+the backward's probabilities are their exp: one elementwise pass, where ATen's softmax over long
+rows runs far below bandwidth (H200, 32768 x 8192 bf16: 1.0 ms against 0.27 for a read and a
+write). bf16's probabilities then come from log-probabilities rounded to bf16: an absolute error up
+to p |log p| 2^-9 < 7.2e-4, as torch's. The exp is a new tensor, or, for a caller that runs the
+backward right after the forward and never again (``spend_log_probs``: linear_cross_entropy's
+chunks), written over the log-probabilities themselves. Where the cache holds none
+(linear_cross_entropy's backward sweep over recomputed logits, for "none"), ``torch.softmax`` of
+the logits. Each is scaled in place by g in the logits' dtype (a mixed-dtype in-place product runs
+far below bandwidth; for half logits g and the product are each rounded once more); the target
+column is then overwritten with ``(exp(x_t - lse) - 1) * g`` computed in float32 (subtracting 1
+from a rounded probability near 1 would cancel its digits).
 """
 import torch
 
@@ -68,10 +70,13 @@ def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=1)
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-                  keep_log_probs: bool = False):
-    """``(loss, (logits, target, lse))``; ``keep_log_probs``: the (N, V) log-probabilities appended to
-    the cache, for a caller that runs the backward right after (linear_cross_entropy's chunks)."""
+def log_probs_like(logits: torch.Tensor) -> torch.Tensor:
+    """An empty (N, V) tensor of the dtype ``_log_softmax`` gives ``logits`` (the fake implementation's)."""
+    return logits.new_empty(logits.shape, dtype=torch.float32 if logits.dtype == torch.float16 else logits.dtype)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
+    """``(loss, (logits, target, lse, log_p))``: the (N, V) log-probabilities kept for the backward."""
     N, V = logits.shape
     valid = target != ignore_index
     _assert_targets(target, valid, V, ignore_index)
@@ -82,16 +87,16 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     posinf = logits.amax(dim=1) == torch.inf  # (N,): rows holding +inf (log_softmax gives NaN there)
     lse = torch.where(posinf, torch.inf, x_t - log_p_t)
     loss = torch.where(valid, torch.where(posinf, torch.inf - x_t, -log_p_t), 0)
-    cache = (logits, target, lse, log_p) if keep_log_probs else (logits, target, lse)
-    return reduce_rows(loss, valid, reduction).to(logits.dtype), cache
+    return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, lse, log_p)
 
 
 def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, reduction: str,
-                           row_weighted: bool = True):
+                           row_weighted: bool = True, spend_log_probs: bool = False):
     """``(dx, None)``. ``row_weighted=False``: dx is softmax - onehot, each row's weight g (dout,
     dout / n_valid, 0 on ignored rows) not applied, for a caller that applies it to a narrower
-    tensor (linear_cross_entropy scales its (n, K) operands instead of the (n, V) dlogits)."""
-    logits, target, lse, *log_p = cache
+    tensor (linear_cross_entropy scales its (n, K) operands instead of the (n, V) dlogits).
+    ``spend_log_probs``: dx is written over the cache's log-probabilities."""
+    logits, target, lse, *log_p = cache  # no log_p: linear_cross_entropy's recomputing sweep (lse kept alone)
     if not needs[0]:
         return None, None
     N, V = logits.shape
@@ -99,10 +104,12 @@ def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, 
     cols = _columns(target, valid)
     x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
     d_t = torch.exp(x_t - lse) - 1  # (N,): the target column, in float32
-    if log_p:  # the forward's log-probabilities, spent: their exp in place (float16's float32 ones rounded once)
-        dx = log_p[0].exp_().to(logits.dtype)  # (N, V)
-    else:
+    if not log_p:
         dx = torch.softmax(logits, dim=1)  # (N, V) in the logits' dtype
+    elif spend_log_probs:  # (float16's float32 log-probabilities rounded once)
+        dx = log_p[0].exp_().to(logits.dtype)  # (N, V)
+    else:  # a new tensor in the logits' dtype
+        dx = torch.exp(log_p[0], out=torch.empty_like(logits, memory_format=torch.contiguous_format))
     if row_weighted:
         g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
         d_t = d_t * g
