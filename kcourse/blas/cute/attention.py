@@ -235,8 +235,9 @@ def _forward_plan(q: Operand, k: Operand, v: Operand, has_kv_len: bool, causal: 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor | None, causal: bool,
               scale: float):
-    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32. ``kv_len``:
-    None, or an int32 contiguous (B,) tensor on q's device, read by the kernel (never on the host)."""
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype (the Hopper kernel's laid out as
+    ``heads_like(q)``, the others' contiguous), lse (B, H, Tq) float32. ``kv_len``: None, or an int32
+    contiguous (B,) tensor on q's device, read by the kernel (never on the host)."""
     table = tuning.launch("attention")
     plan = _forward_plan(Operand.of(q), Operand.of(k), Operand.of(v), kv_len is not None, causal, scale, table,
                          *_facts(q))

@@ -88,8 +88,7 @@ def keeps_lse(q, k, v, kv_len, causal: bool, scale: float) -> bool:
     boolean mask, which the kernel does not take), on CUDA under that kernel's own conditions (sm80+,
     16-bit, D a multiple of 8 up to 256, the flash backend enabled; under the causal mask Tq = Tk,
     where its bottom-right aligned mask is ours), on the CPU in any dtype (its flash kernel is what
-    SDPA runs there). Shapes, dtypes and flags only: the fake implementation
-    asks it too."""
+    SDPA runs there). Shapes, dtypes and flags only: the fake implementation asks it too."""
     if kv_len is not None or _no_scores(q, k) or not 0 < scale < math.inf:
         return False
     if q.device.type == "cpu":

@@ -572,8 +572,9 @@ def _descriptor(t: torch.Tensor, strides) -> TensorDescriptor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len, causal: bool, scale: float):
-    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32;
-    ``kv_len`` None or (B,) int32 (the pointer kernel reads it: each batch row's key count)."""
+    """``(out, (q, k, v, out, lse))``: out (B, H, Tq, D) in q's dtype, laid out as ``heads_like(q)``,
+    lse (B, H, Tq) float32; ``kv_len`` None or (B,) int32 (the pointer kernel reads it: each batch
+    row's key count)."""
     meta = _meta(q)
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
