@@ -156,6 +156,33 @@ def test_attention_output_layout(backend, layout):
     assert (y.data_ptr() == out.data_ptr()) == (layout == "projection")  # a view, not a copy
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_pytorch_backward_reuses_the_forward(causal, monkeypatch):
+    # Where ATen's flash kernel takes the call (keeps_lse), the pytorch backend keeps its lse and the
+    # backward is the flash backward from it: SDPA never runs again, and the gradients equal SDPA's
+    # own (the same kernels). Elsewhere (kv_len, a scale of 0) the cache's lse is empty.
+    from kcourse.blas.pytorch import attention as A
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # (CUDA's flash kernel: 16-bit only)
+    q, k, v = qkv(2, 4, 2, 37, 37, 32, dtype, "bthd")
+    dout = heads(2, 4, 37, 32, dtype, "bthd")
+    assert A.keeps_lse(q, k, v, None, causal, 0.2)
+    _, cache = A.attention(q, k, v, None, causal, 0.2)
+    assert cache[4].shape == (2, 4, 37)
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = blas.attention(*inputs, causal=causal, scale=0.2, backend="pytorch")
+
+    def no_recompute(*args, **kwargs):
+        raise AssertionError("the backward ran SDPA's forward again")
+
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", no_recompute)
+    grads = torch.autograd.grad(out, inputs, dout)
+    monkeypatch.undo()
+    expected = sdpa(q, k, v, dout, causal, scale=0.2)
+    assert_matches((out.detach(), grads), expected, rounding_slack(q, k, v, dout, causal, scale=0.2))
+    assert A.attention(q, k, v, None, causal, 0.0)[1][4].shape == (0,)
+
+
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_strided_dout(backend, dtype, D):
