@@ -254,6 +254,22 @@ def test_pytorch_backward_from_kept_log_probs(dtype):
         torch.testing.assert_close(dx_kept, dx, equal_nan=True, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
+def test_pytorch_backward_needs_no_softmax(monkeypatch):
+    # the pytorch backend's op keeps its log-probabilities: its backward is their exp, never a
+    # second softmax over the logits, and gives the reference's gradient
+    logits, target = randn(7, 50).requires_grad_(), targets(7, 50)
+    loss = blas.cross_entropy(logits, target, backend="pytorch")
+
+    def no_softmax(*args, **kwargs):
+        raise AssertionError("the backward recomputed the softmax")
+
+    monkeypatch.setattr(torch, "softmax", no_softmax)
+    (dx,) = torch.autograd.grad(loss, logits)
+    monkeypatch.undo()
+    (expected,) = torch.autograd.grad(blas.cross_entropy(logits, target, backend="python"), logits)
+    assert_close(dx, expected)
+
+
 # A few long rows, each spread over several CTAs (the cute backend's _rows.split_rows; the forward's
 # form a cluster): (N, V, layout, cluster), as in _softmax_tests.CLUSTER_CASES
 CLUSTER_CASES = [(3, 50000, "contiguous", None), (2, 20001, "contiguous", None), (1, 300000, "contiguous", None),
