@@ -603,6 +603,10 @@ def readme_table(rows: list[dict]) -> str:
     """README.md's performance table: per (op, direction), each device's backends with the range of
     their fractions of the ceiling over the target points (training: tokens/s over its torch.nn baseline)."""
     per_device = latest(rows)
+    # a training ratio comes from the newest run that measured one: a run without its torch.nn
+    # baseline (benchmarks/ab.py's new side, say) gives no ratio and must not hide an earlier one
+    rated = latest([r for r in rows if r["op"] == "gpt_train" and r.get("ratio") is not None
+                    and r.get("role") != "baseline"])
     devices = [d for d in per_device if d != "cpu"]
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     ceilings = {}
@@ -610,8 +614,7 @@ def readme_table(rows: list[dict]) -> str:
         for r in target_rows(per_device[d]):
             cells[(r["op"], r["direction"])][d].append(r)
             ceilings[(r["op"], r["direction"])] = r["ceiling"]
-        for r in newest_day(r for r in per_device[d] if r["op"] == "gpt_train" and r.get("ratio") is not None
-                            and r.get("role") != "baseline"):
+        for r in newest_day(rated.get(d, [])):
             cells[("gpt_train", r.get("mode", "eager"))][d].append(r)
 
     def span(values):

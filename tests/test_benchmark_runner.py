@@ -119,3 +119,19 @@ def test_readme_training_ratios_are_each_mode_s_newest_day():
     table = history.readme_table(rows)
     assert "triton 0.80–0.88" in table and "0.22" not in table  # the older day's ratio is gone
     assert "cute 0.50" in table  # a backend's newest day stands even when it is older than another's
+
+
+def test_readme_training_ratio_survives_a_later_run_without_baseline():
+    # benchmarks/ab.py's new side runs without the torch.nn baseline (no ratio): the README keeps the
+    # newest measured ratio rather than an older day's
+    from benchmarks import history
+
+    def row(date, shape, ratio, role=None):
+        return {"op": "gpt_train", "backend": "triton", "mode": "eager", "shape": shape, "dtype": "bfloat16",
+                "direction": "eager", "date": date, "ratio": ratio, "baseline": "torch.nn:eager", "device": "H200",
+                "role": role}
+
+    rows = [row("2026-11-27T10:00:00", "B8", 0.22), row("2026-11-29T10:00:00", "B16", 0.80),
+            row("2026-11-29T11:00:00", "B16", None), row("2026-11-29T11:00:00", "B16", None, role="ab-base")]
+    table = history.readme_table(rows)
+    assert "triton 0.80" in table and "0.22" not in table
