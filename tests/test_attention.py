@@ -148,10 +148,13 @@ def test_attention_output_layout(backend, layout):
         q, k, v = (t.transpose(1, 2) for t in qkv_rows.split([H, Hkv, Hkv], dim=2))
     else:
         q, k, v = qkv(B, H, Hkv, T, T, D, torch.bfloat16)
-    out, grads = forward_backward(kcourse_attention(backend, causal=True), q, k, v, torch.randn_like(q))
+    dout = torch.randn_like(q)
+    out, grads = forward_backward(kcourse_attention(backend, causal=True), q, k, v, dout)
     for t, like in zip((out, *grads), (q, q, k, v)):
         assert t.shape == like.shape
         assert (t.transpose(1, 2) if layout == "projection" else t).is_contiguous(), (t.shape, t.stride())
+    expected = forward_backward(kcourse_attention("python", causal=True), q, k, v, dout)
+    assert_matches((out, grads), expected, rounding_slack(q, k, v, dout, causal=True))  # the values, written so
     y = out.transpose(1, 2).reshape(B, T, H * D)
     assert (y.data_ptr() == out.data_ptr()) == (layout == "projection")  # a view, not a copy
 

@@ -76,22 +76,31 @@ def token_major(t: torch.Tensor) -> bool:
     return t.stride(2) > t.stride(1)
 
 
+def heads_strides(shape, token_major_order: bool) -> tuple[int, int, int, int]:
+    """The strides of a new (B, H, T, D) tensor of ``shape`` in the heads layout: ``(B, T, H, D)``
+    memory viewed as heads for token-major order, else contiguous."""
+    B, H, T, D = shape
+    return (T * H * D, D, H * D, 1) if token_major_order else (H * T * D, T * D, D, 1)
+
+
 def heads_like(t: torch.Tensor, shape=None) -> torch.Tensor:
     """A new tensor of ``shape`` (default ``t``'s), (B, H, T, D), that orders its heads and tokens as
-    ``t`` does: ``(B, T, H, D)`` memory viewed as heads where ``t`` is ``token_major`` (attention's
-    output then reshapes to the ``(B, T, H * D)`` rows of the next projection without a copy, and its
-    inputs' gradients concatenate into the projection's gradient in one straight pass), else contiguous."""
-    B, H, T, D = t.shape if shape is None else shape
-    if token_major(t):
-        return t.new_empty((B, T, H, D)).transpose(1, 2)
-    return t.new_empty((B, H, T, D))
+    ``t`` does (``heads_strides``): ``(B, T, H, D)`` memory viewed as heads where ``t`` is
+    ``token_major`` (attention's output then reshapes to the ``(B, T, H * D)`` rows of the next
+    projection without a copy, and its inputs' gradients concatenate into the projection's gradient
+    in one straight pass), else contiguous."""
+    shape = t.shape if shape is None else shape
+    return t.new_empty_strided(shape, heads_strides(shape, token_major(t)))
+
+
+def is_like_heads(x: torch.Tensor, t: torch.Tensor) -> bool:
+    """Is ``x`` laid out as ``heads_like(t)`` (dims of extent 1 aside, as ``is_contiguous`` judges)?"""
+    return x.transpose(1, 2).is_contiguous() if token_major(t) else x.is_contiguous()
 
 
 def laid_out_like_heads(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``x`` (of ``t``'s layout rule's shape) in ``heads_like(t)``'s layout: itself, or a copy."""
-    if x.transpose(1, 2).is_contiguous() if token_major(t) else x.is_contiguous():
-        return x
-    return heads_like(t, x.shape).copy_(x)
+    return x if is_like_heads(x, t) else heads_like(t, x.shape).copy_(x)
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:

@@ -94,7 +94,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .._layout import tma_strides, token_major
+from .._layout import heads_strides, is_like_heads, tma_strides, token_major
 from .. import _cache
 from . import _compile
 from ._attention_fwd import LOG2E, _mask_scores, head_tensor, mn_view, quad_sum, row_tensor, softmax_tile
@@ -199,8 +199,9 @@ def plan(q, k, v, causal: bool, scale: float, sms: int, launch) -> tuple:
     """``(key, numbers, walk)`` of the launch for q, k, v (tensors, or their ``_compile.Operand``
     stand-ins) as ``supports`` takes them and a new out laid out as ``_layout.heads_like(q)``: the
     compile key, the runtime numbers after the pointers and the table's width, and
-    ``schedule_table``'s arguments but the device where the walk is ``scheduled`` (else None). ``sms``: the device's SM count; ``launch``:
-    the attention table (``attention.Launch``): its fields that are not None replace ``config``'s."""
+    ``schedule_table``'s arguments but the device where the walk is ``scheduled`` (else None).
+    ``sms``: the device's SM count; ``launch``: the attention table (``attention.Launch``): its
+    fields that are not None replace ``config``'s."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     c = config(D, causal, Tq)
@@ -212,7 +213,7 @@ def plan(q, k, v, causal: bool, scale: float, sms: int, launch) -> tuple:
         walk = (m_tiles, H * B, Tk, causal, sms)
     key = (q.dtype, D, causal, c["tile_n"], c["persistent"], c["paired"], c["pingpong"], c["overlap"], c["q_stages"],
            c["k_stages"], c["v_stages"], c["tma_store"], c["scheduled"])
-    out = (Tq * H * D, D, H * D) if token_major(q) else (H * Tq * D, Tq * D, D)  # heads_like(q)'s strides
+    out = heads_strides(q.shape, token_major(q))[:3]  # heads_like(q)'s (batch, head, row) strides
     numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *out, scale * LOG2E, sms)
     return key, numbers, walk
 
@@ -222,7 +223,7 @@ def attention_fwd_sm90(q, k, v, out, lse, causal: bool, scale: float, launch, pl
     Tq, D) new, laid out as ``_layout.heads_like(q)``, lse (B, H, Tq) float32 contiguous. ``launch``: the
     attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
     answer for these operands under it (the cute attention caches it per layout), else worked out here."""
-    if not (out.transpose(1, 2).is_contiguous() if token_major(q) else out.is_contiguous()):
+    if not is_like_heads(out, q):
         raise ValueError(f"attention (cute, Hopper forward): out {tuple(out.shape)} with strides {out.stride()} is "
                          f"not laid out as _layout.heads_like(q) (q's strides {q.stride()}); allocate it with that")
     key, numbers, walk = planned or plan(q, k, v, causal, scale, sm_count(q.device), launch)

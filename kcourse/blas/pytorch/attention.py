@@ -131,7 +131,7 @@ def _no_scores(q, k) -> bool:
     return q.shape[2] == 0 or k.shape[2] == 0
 
 
-def _token_major(t: torch.Tensor) -> bool:
+def _packed_tokens(t: torch.Tensor) -> bool:
     """Is ``t (B, H, T, D)`` the ``.transpose(1, 2)`` view of a contiguous ``(B, T, H, D)`` tensor
     (rows of packed tokens, as flash attention's variable-length layout reads them)?"""
     return t.transpose(1, 2).is_contiguous()
@@ -143,7 +143,7 @@ def _flash_lengths(q, k, v, causal: bool, scale: float) -> bool:
     kcourse's top-left), a positive scale, k and v token-major (a view of the packed layout)?"""
     D = q.shape[-1]
     return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D % 8 == 0 and D <= 256 and not causal
-            and 0 < scale < math.inf and _token_major(k) and _token_major(v) and q.stride(-1) == 1
+            and 0 < scale < math.inf and _packed_tokens(k) and _packed_tokens(v) and q.stride(-1) == 1
             and torch.backends.cuda.flash_sdp_enabled() and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
 
