@@ -1,9 +1,14 @@
 """What the cute compile tests share (tests/test_cute_compile*.py): CPU tensors in the layouts the
 kernels specialize on, and a spy on the kernels ``_compile`` is asked for. Import only after
 ``pytest.importorskip("cutlass")``."""
+import pytest
 import torch
 
 from kcourse.blas.cute import _compile
+
+# The dtypes a compile test takes: float16 builds the bfloat16 kernels with another element type, so
+# on the CPU it runs with -m slow only (the GPU runs include it); the CPU suite keeps its time budget
+DTYPES = (torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow, id="torch.float16"), torch.bfloat16)
 
 
 def t(*shape, dtype, layout="contiguous"):

@@ -12,9 +12,8 @@ import torch
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
 from kcourse.blas.cute import _compile  # noqa: E402
-from _cute import compiled_kernels, t  # noqa: E402
+from _cute import DTYPES, compiled_kernels, t  # noqa: E402
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def elementwise(op, layout, dtype, shape=(37, 41)):

@@ -11,9 +11,8 @@ import torch
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
 from kcourse.blas.cute import _compile  # noqa: E402
-from _cute import compiled_kernels, t  # noqa: E402
+from _cute import DTYPES, compiled_kernels, t  # noqa: E402
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WIDEST = {torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}  # elements in 16 bytes
 
 

@@ -19,9 +19,11 @@ from _cute import compiled_kernels, t  # noqa: E402
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (dtype, layout): every dtype contiguous (128-bit accesses), and each other layout (scalar or
 # narrower accesses through dynamic strides) in one dtype, to keep the file under a minute
+# (float16 contiguous with -m slow: float16 compiles bfloat16's kernels with another element type)
 COMBOS = [(dtype, "contiguous") for dtype in DTYPES] + [
     (torch.float32, "transposed"), (torch.bfloat16, "strided"), (torch.float16, "misaligned")]
 COMBO_IDS = [f"{str(d).removeprefix('torch.')}-{layout}" for d, layout in COMBOS]
+COMBOS = [pytest.param(*c, marks=pytest.mark.slow) if c == (torch.float16, "contiguous") else c for c in COMBOS]
 
 
 def op_functions(op):
