@@ -27,17 +27,17 @@ fails in the gather (torch's own IndexError) before anything is returned.
 Backward: ``dx_ij = (softmax(x_i)_j - [j == target_i]) * g_i`` with ``g_i = dout / n_valid`` (mean),
 ``dout`` (sum), ``dout_i`` (none), and 0 on ignored rows. The forward keeps its log-probabilities
 (the cache is ``(logits, target, lse, log_p)``, as torch's own backward keeps its log_softmax), and
-the backward's probabilities are their exp: one elementwise pass, where ATen's softmax over long
-rows runs far below bandwidth (H200, 32768 x 8192 bf16: 1.0 ms against 0.27 for a read and a
-write). bf16's probabilities then come from log-probabilities rounded to bf16: an absolute error up
-to p |log p| 2^-9 < 7.2e-4, as torch's. The exp is a new tensor, or, for a caller that runs the
-backward right after the forward and never again (``spend_log_probs``: linear_cross_entropy's
-chunks), written over the log-probabilities themselves. Where the cache holds none
-(linear_cross_entropy's backward sweep over recomputed logits, for "none"), ``torch.softmax`` of
-the logits. Each is scaled in place by g in the logits' dtype (a mixed-dtype in-place product runs
-far below bandwidth; for half logits g and the product are each rounded once more); the target
-column is then overwritten with ``(exp(x_t - lse) - 1) * g`` computed in float32 (subtracting 1
-from a rounded probability near 1 would cancel its digits).
+the backward is ATen's log_softmax backward, ``dx = dl - exp(log_p) sum_j dl_j``, of ``dl = -g onehot``
+(a zero fill and a scatter): one pass over the rows, as ``F.cross_entropy``'s backward, where ATen's
+softmax over long rows runs far below bandwidth (H200, 32768 x 8192 bf16: 1.0 ms against 0.27 for
+a read and a write). bf16's probabilities then come from log-probabilities rounded to bf16: an
+absolute error up to p |log p| 2^-9 < 7.2e-4, as torch's. A caller that runs the backward right
+after the forward and never again (``spend_log_probs``: linear_cross_entropy's chunks) has the exp
+written over the log-probabilities themselves, then scaled by g in place (a mixed-dtype in-place
+product runs far below bandwidth, so g is first rounded to the logits' dtype); where the cache holds
+none (linear_cross_entropy's backward sweep over recomputed logits, for "none"), ``torch.softmax``
+of the logits, scaled alike. The target column is then overwritten with ``(exp(x_t - lse) - 1) * g``
+computed in float32 (subtracting 1 from a rounded probability near 1 would cancel its digits).
 """
 import torch
 
@@ -104,14 +104,29 @@ def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, 
     cols = _columns(target, valid)
     x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
     d_t = torch.exp(x_t - lse) - 1  # (N,): the target column, in float32
-    if not log_p:
-        dx = torch.softmax(logits, dim=1)  # (N, V) in the logits' dtype
-    elif spend_log_probs:  # (float16's float32 log-probabilities rounded once)
-        dx = log_p[0].exp_().to(logits.dtype)  # (N, V)
-    else:  # a new tensor in the logits' dtype
-        dx = torch.exp(log_p[0], out=torch.empty_like(logits, memory_format=torch.contiguous_format))
+    g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0) if row_weighted else None
+    if log_p and row_weighted and not spend_log_probs:  # one fused pass, as torch's own backward
+        dx = _log_softmax_backward(log_p[0], cols, g, logits.dtype)
+    else:
+        if not log_p:
+            dx = torch.softmax(logits, dim=1)  # (N, V) in the logits' dtype
+        elif spend_log_probs:  # (float16's float32 log-probabilities rounded once)
+            dx = log_p[0].exp_().to(logits.dtype)  # (N, V)
+        else:  # a new tensor in the logits' dtype
+            dx = torch.exp(log_p[0], out=torch.empty_like(logits, memory_format=torch.contiguous_format))
+        if row_weighted:
+            dx.mul_(g.to(dx.dtype)[:, None])
     if row_weighted:
-        g = torch.where(valid, row_weights(acc(dout), valid, reduction).reshape(-1), 0)  # (N,), 0 on ignored rows
         d_t = d_t * g
-        dx.mul_(g.to(dx.dtype)[:, None])
     return dx.scatter_(1, cols, d_t.to(dx.dtype)[:, None]), None
+
+
+def _log_softmax_backward(log_p: torch.Tensor, cols: torch.Tensor, g: torch.Tensor, dtype: torch.dtype):
+    """(N, V) ``(exp(log_p) - onehot) * g`` in ``dtype`` by ATen's log_softmax backward, ``dx = dl - exp(log_p)
+    sum_j dl_j`` of the gradient ``dl = -g onehot`` (a zero fill and a scatter): one pass reading log_p and
+    dl, as ``F.cross_entropy``'s backward. CUDA writes float16 from float32 log-probabilities itself."""
+    dl = torch.zeros_like(log_p, memory_format=torch.contiguous_format)
+    dl.scatter_(1, cols, g.to(log_p.dtype)[:, None].neg())
+    if log_p.dtype == dtype or log_p.device.type == "cuda":
+        return torch._log_softmax_backward_data(dl, log_p, 1, dtype)
+    return torch._log_softmax_backward_data(dl, log_p, 1, log_p.dtype).to(dtype)
