@@ -280,7 +280,7 @@ def _projection(gemm, rows, weight, bias, **epilogue):
     return out
 
 
-def _projection_grads(gemm, gemv, dzs, rows, weights, needs, x_shape):
+def _projection_grads(gemm, column_sum, dzs, rows, weights, needs, x_shape):
     """dx = sum_i dz_i W_i, and dW_i = dz_i^T x, db_i = dz_i^T 1 for each projection i (M, N_i) of the
     same rows (M, K): ``needs`` over x, the weights, then the biases. dx sums in place (beta = 1)."""
     M, K = rows.shape
@@ -303,16 +303,24 @@ def _projection_grads(gemm, gemv, dzs, rows, weights, needs, x_shape):
         if need_b:
             dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
             if M and N:
-                gemv(dz.mT, _cache.ones(M, dz), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
+                column_sum(dz, dbias)  # (M, N) -> (N,)
         dweights.append(dweight)
         dbiases.append(dbias)
     return (dx, *dweights, *dbiases)
 
 
-def linear_ops(*, gemm, gemv, activations, epilogue=False):
+def _gemv_column_sum(gemv):
+    """``column_sum(dz, out)``: out (N,) <- the column sums of dz (M, N) as one gemv, dz^T 1."""
+    def column_sum(dz, out):
+        return gemv(dz.mT, _cache.ones(dz.shape[0], dz), None, 1.0, 0.0, out)  # (N, M) @ (M,)
+    return column_sum
+
+
+def linear_ops(*, gemm, gemv, activations, epilogue=False, column_sum=None):
     """``(linear, linear_backward)`` of a backend from its own kernels (as ``kcourse.blas.<backend>``
     exports them): ``gemm``, ``gemv`` and ``activations``, {"gelu": (gelu, gelu_backward), "relu": ...,
-    "silu": ...}. x (..., K) is taken as rows (M, K), weight is (N, K):
+    "silu": ...}; ``column_sum(dz, out)``, dbias's column sums, where the backend has a kernel for them
+    (else dz^T 1 by the gemv). x (..., K) is taken as rows (M, K), weight is (N, K):
 
         z = x W^T + b         one gemm (the bias as C, beta = 1), accumulated in float32, rounded once
         y = act(z)            the activation kernel on z; ``epilogue``: the backend's gemm applies it to
@@ -321,12 +329,14 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
     The cache is (x, weight), and z where an activation's backward reads it. Backward, dy as rows (M, N):
 
         dz = dy act'(z)       the activation's backward kernel (dz = dy without an activation)
-        dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, gemv), each rounded once
+        dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, column_sum), each rounded once
 
     Eagerly (``in_place``) dz is written over z, which only this op holds: the backward then needs
     no (M, N) tensor beyond those the forward made (a second backward through the graph is refused
     by autograd: z's version changed).
     """
+
+    column_sum = column_sum or _gemv_column_sum(gemv)
 
     def act(name):
         """The activation's forward and backward kernels and their parameters."""
@@ -356,12 +366,12 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False):
             dz = backward(dz, (z[0],), (True,), **params, **out)[0]
             if in_place:  # a kernel's raw writes leave z's version as it was: autograd must see the change
                 torch.autograd.graph.increment_version(z[0])
-        return _projection_grads(gemm, gemv, [dz], rows_of(x), [weight], needs, x.shape)
+        return _projection_grads(gemm, column_sum, [dz], rows_of(x), [weight], needs, x.shape)
 
     return linear, linear_backward
 
 
-def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
+def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False, column_sum=None):
     """``(linear_swiglu, linear_swiglu_backward)`` of a backend from its own kernels: the gate and up
     projections of a SwiGLU feed-forward and the gated unit, x (..., K) as rows (M, K), W_g and W_u (F, K):
 
@@ -374,8 +384,10 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
         dg, du = swiglu's backward                 dg = dy u silu'(g),  du = dy silu(g)
         dx = dg W_g + du W_u,  dW_g = dg^T x,  dW_u = du^T x,  db_g = dg^T 1,  db_u = du^T 1
 
-    Eagerly (``in_place``) dg and du are written over g and u, as linear's dz over z.
+    Eagerly (``in_place``) dg and du are written over g and u, as linear's dz over z. The biases'
+    gradients by ``column_sum`` as linear's.
     """
+    column_sum = column_sum or _gemv_column_sum(gemv)
 
     def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
         rows, F = rows_of(x), w_gate.shape[0]
@@ -396,7 +408,7 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
         if in_place and dy.numel():  # (as linear's z)
             torch.autograd.graph.increment_version(g)
             torch.autograd.graph.increment_version(u)
-        return _projection_grads(gemm, gemv, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
+        return _projection_grads(gemm, column_sum, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
 
     return linear_swiglu, linear_swiglu_backward
 
@@ -414,7 +426,7 @@ def acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True,
-                             dlogits_in_place=False, weights_on_operands=False):
+                             dlogits_in_place=False, weights_on_operands=False, cross_entropy_grad=None):
     """``(linear_cross_entropy, linear_cross_entropy_backward)`` of a backend from its own kernels
     (``gemm``, ``gemv``, ``cross_entropy`` and its backward, as ``kcourse.blas.<backend>`` exports them):
     ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), ``chunk_rows`` rows
@@ -425,6 +437,9 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
     rows), which is applied to the (n, K) operands instead (dx = g * (dlogits W), dW += dlogits^T (g
     x), dbias += dlogits^T g): a pass over n x K elements rather than n x V, where the backward's
     scaling is a pass of its own (the pytorch backend's ATen ops; a kernel fuses it).
+    ``cross_entropy_grad(logits, target, ignore_index) -> (loss, dlogits, valid)``: a chunk's forward
+    and its unweighted backward in one call (with ``weights_on_operands``), for the pass that computes
+    both; ``valid`` (rows,) marks the rows whose target is not ignore_index.
 
     With ``grads`` (some input wants a gradient) and a "mean" or "sum", the forward also computes the
     gradients, in the same pass over the chunk: dlogits = softmax - onehot (the sum's backward for
@@ -481,6 +496,12 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
                      0.0 if bias is None else 1.0, logits)  # (n, K) @ (K, V) + bias
             else:  # no features: the logits are the bias
                 logits.copy_(bias.expand(logits.shape)) if bias is not None else logits.zero_()
+            if grads is not None and dout is None and losses is not None and cross_entropy_grad is not None:
+                loss, dlogits, valid = cross_entropy_grad(logits, t, ignore_index)  # (the sum's, for dout = 1)
+                losses[rows] = loss
+                accumulate(dlogits, x_rows, weight, None if dx is None else dx[rows], sums, start == 0, ones,
+                           valid.to(x.dtype))
+                continue
             if losses is not None:
                 loss, cache = cross_entropy(logits, t, ignore_index, "none")  # (logits, t, lse_rows[, ...])
                 lse_rows = cache[2]

@@ -75,19 +75,38 @@ def log_probs_like(logits: torch.Tensor) -> torch.Tensor:
     return logits.new_empty(logits.shape, dtype=torch.float32 if logits.dtype == torch.float16 else logits.dtype)
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
-    """``(loss, (logits, target, lse, log_p))``: the (N, V) log-probabilities kept for the backward."""
-    N, V = logits.shape
-    valid = target != ignore_index
-    _assert_targets(target, valid, V, ignore_index)
-    cols = _columns(target, valid)
+def _rows(logits: torch.Tensor, valid: torch.Tensor, cols: torch.Tensor):
+    """``(loss, lse, log_p, x_t)``: each row's loss (0 on ignored rows), lse and target logit (N,), float32,
+    and the (N, V) log-probabilities."""
     log_p = _log_softmax(logits)  # (N, V)
     log_p_t = acc(log_p.gather(1, cols)).squeeze(1)  # (N,)
     x_t = acc(logits.gather(1, cols)).squeeze(1)  # (N,)
     posinf = logits.amax(dim=1) == torch.inf  # (N,): rows holding +inf (log_softmax gives NaN there)
     lse = torch.where(posinf, torch.inf, x_t - log_p_t)
     loss = torch.where(valid, torch.where(posinf, torch.inf - x_t, -log_p_t), 0)
+    return loss, lse, log_p, x_t
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
+    """``(loss, (logits, target, lse, log_p))``: the (N, V) log-probabilities kept for the backward."""
+    N, V = logits.shape
+    valid = target != ignore_index
+    _assert_targets(target, valid, V, ignore_index)
+    loss, lse, log_p, _ = _rows(logits, valid, _columns(target, valid))
     return reduce_rows(loss, valid, reduction).to(logits.dtype), (logits, target, lse, log_p)
+
+
+def cross_entropy_grad(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    """``(loss, dlogits, valid)`` of one chunk of linear_cross_entropy: each row's loss (N,) in the logits'
+    dtype, ``dlogits = softmax - onehot`` (N, V) written over the log-probabilities (each row's weight
+    not applied, ignored rows included), and which rows count (N,): the forward and the backward at
+    once, sharing the target columns. Targets are not checked here: the caller checks them all once."""
+    valid = target != ignore_index
+    cols = _columns(target, valid)
+    loss, lse, log_p, x_t = _rows(logits, valid, cols)
+    dx = log_p.exp_().to(logits.dtype)  # (N, V) (float16's float32 log-probabilities rounded once)
+    d_t = torch.exp(x_t - lse) - 1  # (N,): the target column, in float32
+    return loss.to(logits.dtype), dx.scatter_(1, cols, d_t.to(dx.dtype)[:, None]), valid
 
 
 def cross_entropy_backward(dout: torch.Tensor, cache, needs, ignore_index: int, reduction: str,
