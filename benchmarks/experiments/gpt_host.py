@@ -22,7 +22,7 @@ from benchmarks import gpt as bench
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--backend", default="cute")
+    parser.add_argument("--backend", default="cute", help="a kcourse backend, or torch.nn")
     parser.add_argument("--arch", default="gpt2", choices=list(bench.ARCHS))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mode", default="eager", choices=["eager", "autocast", "compile", "autocast+compile"])
@@ -35,7 +35,8 @@ def main():
     config = bench.GPTConfig(**size, **bench.ARCHS[args.arch])
     torch.manual_seed(0)
     dtype = torch.float32 if args.mode.startswith("autocast") or args.device == "cpu" else torch.bfloat16
-    model = bench.GPT(config, backend=args.backend).to(args.device, dtype)
+    model = (bench.torch_reference().GPT(config) if args.backend == "torch.nn"
+             else bench.GPT(config, backend=args.backend)).to(args.device, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
     data = bench.batches(argparse.Namespace(batch=args.batch, device=args.device), config)
     step_i = bench.make_step(model, opt, args.mode, argparse.Namespace(device=args.device, allow_graph_breaks=False),
