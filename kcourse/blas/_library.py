@@ -96,21 +96,30 @@ AUTOCAST = {
 
 
 def _cast(args: tuple, policy: str | None, device: str) -> tuple:
-    """``args`` with their floating tensors on ``device`` cast as autocast ``policy`` says."""
+    """``args`` with their floating tensors on ``device`` cast as autocast ``policy`` says (float64 never).
+    Runs on every call under autocast, twice for most (the public API's validation, then ``call``):
+    one pass, and ``args`` itself when nothing needs a cast."""
     if policy is None:
         return args
-    def castable(a):
-        return isinstance(a, Tensor) and a.is_floating_point() and a.device.type == device
-
     if policy == "lower":
         dtype = torch.get_autocast_dtype(device)
     elif policy == "fp32":
         dtype = torch.float32
-    elif any(castable(a) for a in args):
-        dtype = functools.reduce(torch.promote_types, (a.dtype for a in args if castable(a)))
-    else:
-        return args
-    return tuple(a.to(dtype) if castable(a) and a.dtype != dtype and a.dtype != torch.float64 else a for a in args)
+    else:  # "promote": the widest floating dtype among them
+        dtype = None
+        for a in args:
+            if isinstance(a, Tensor) and a.is_floating_point() and a.device.type == device:
+                dtype = a.dtype if dtype is None else torch.promote_types(dtype, a.dtype)
+        if dtype is None:
+            return args
+    cast = None
+    for i, a in enumerate(args):
+        if (isinstance(a, Tensor) and a.dtype != dtype and a.dtype != torch.float64 and a.is_floating_point()
+                and a.device.type == device):
+            if cast is None:
+                cast = list(args)
+            cast[i] = a.to(dtype)
+    return args if cast is None else tuple(cast)
 
 
 AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
