@@ -280,7 +280,7 @@ def _projection(gemm, rows, weight, bias, **epilogue):
     return out
 
 
-def _projection_grads(gemm, column_sum, dzs, rows, weights, needs, x_shape):
+def _projection_grads(gemm, gemv, dzs, rows, weights, needs, x_shape):
     """dx = sum_i dz_i W_i, and dW_i = dz_i^T x, db_i = dz_i^T 1 for each projection i (M, N_i) of the
     same rows (M, K): ``needs`` over x, the weights, then the biases. dx sums in place (beta = 1)."""
     M, K = rows.shape
@@ -303,24 +303,16 @@ def _projection_grads(gemm, column_sum, dzs, rows, weights, needs, x_shape):
         if need_b:
             dbias = weight.new_zeros(N) if M == 0 else weight.new_empty(N)
             if M and N:
-                column_sum(dz, dbias)  # (M, N) -> (N,)
+                gemv(dz.mT, _cache.ones(M, dz), None, 1.0, 0.0, dbias)  # (N, M) @ (M,)
         dweights.append(dweight)
         dbiases.append(dbias)
     return (dx, *dweights, *dbiases)
 
 
-def _gemv_column_sum(gemv):
-    """``column_sum(dz, out)``: out (N,) <- the column sums of dz (M, N) as one gemv, dz^T 1."""
-    def column_sum(dz, out):
-        return gemv(dz.mT, _cache.ones(dz.shape[0], dz), None, 1.0, 0.0, out)  # (N, M) @ (M,)
-    return column_sum
-
-
-def linear_ops(*, gemm, gemv, activations, epilogue=False, column_sum=None):
+def linear_ops(*, gemm, gemv, activations, epilogue=False):
     """``(linear, linear_backward)`` of a backend from its own kernels (as ``kcourse.blas.<backend>``
     exports them): ``gemm``, ``gemv`` and ``activations``, {"gelu": (gelu, gelu_backward), "relu": ...,
-    "silu": ...}; ``column_sum(dz, out)``, dbias's column sums, where the backend has a kernel for them
-    (else dz^T 1 by the gemv). x (..., K) is taken as rows (M, K), weight is (N, K):
+    "silu": ...}. x (..., K) is taken as rows (M, K), weight is (N, K):
 
         z = x W^T + b         one gemm (the bias as C, beta = 1), accumulated in float32, rounded once
         y = act(z)            the activation kernel on z; ``epilogue``: the backend's gemm applies it to
@@ -329,14 +321,12 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False, column_sum=None):
     The cache is (x, weight), and z where an activation's backward reads it. Backward, dy as rows (M, N):
 
         dz = dy act'(z)       the activation's backward kernel (dz = dy without an activation)
-        dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, column_sum), each rounded once
+        dx = dz W,   dW = dz^T x,   db = dz^T 1      (gemm, gemm, gemv), each rounded once
 
     Eagerly (``in_place``) dz is written over z, which only this op holds: the backward then needs
     no (M, N) tensor beyond those the forward made (a second backward through the graph is refused
     by autograd: z's version changed).
     """
-
-    column_sum = column_sum or _gemv_column_sum(gemv)
 
     def act(name):
         """The activation's forward and backward kernels and their parameters."""
@@ -366,12 +356,12 @@ def linear_ops(*, gemm, gemv, activations, epilogue=False, column_sum=None):
             dz = backward(dz, (z[0],), (True,), **params, **out)[0]
             if in_place:  # a kernel's raw writes leave z's version as it was: autograd must see the change
                 torch.autograd.graph.increment_version(z[0])
-        return _projection_grads(gemm, column_sum, [dz], rows_of(x), [weight], needs, x.shape)
+        return _projection_grads(gemm, gemv, [dz], rows_of(x), [weight], needs, x.shape)
 
     return linear, linear_backward
 
 
-def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False, column_sum=None):
+def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False):
     """``(linear_swiglu, linear_swiglu_backward)`` of a backend from its own kernels: the gate and up
     projections of a SwiGLU feed-forward and the gated unit, x (..., K) as rows (M, K), W_g and W_u (F, K):
 
@@ -384,10 +374,8 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False, co
         dg, du = swiglu's backward                 dg = dy u silu'(g),  du = dy silu(g)
         dx = dg W_g + du W_u,  dW_g = dg^T x,  dW_u = du^T x,  db_g = dg^T 1,  db_u = du^T 1
 
-    Eagerly (``in_place``) dg and du are written over g and u, as linear's dz over z. The biases'
-    gradients by ``column_sum`` as linear's.
+    Eagerly (``in_place``) dg and du are written over g and u, as linear's dz over z.
     """
-    column_sum = column_sum or _gemv_column_sum(gemv)
 
     def linear_swiglu(x, w_gate, w_up, b_gate, b_up):
         rows, F = rows_of(x), w_gate.shape[0]
@@ -408,7 +396,7 @@ def linear_swiglu_ops(*, gemm, gemv, swiglu, swiglu_backward, epilogue=False, co
         if in_place and dy.numel():  # (as linear's z)
             torch.autograd.graph.increment_version(g)
             torch.autograd.graph.increment_version(u)
-        return _projection_grads(gemm, column_sum, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
+        return _projection_grads(gemm, gemv, [dg, du], rows_of(x), [w_gate, w_up], needs, x.shape)
 
     return linear_swiglu, linear_swiglu_backward
 

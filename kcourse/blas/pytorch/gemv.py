@@ -13,10 +13,3 @@ def gemv(A: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None, alpha: float,
     if out is y:
         return y.addmv_(A, x, beta=beta, alpha=alpha)
     return torch.addmv(y, A, x, beta=beta, alpha=alpha, out=out)
-
-
-def column_sum(dz: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = dz^T 1``: the column sums of dz (M, N), a bias's gradient, by ATen's reduction (what
-    torch's own autograd runs for it): float32 accumulation for half types, rounded once; one kernel
-    where ``addmv`` with a ones vector launches three on CUDA."""
-    return torch.sum(dz, dim=0, out=out)
