@@ -117,14 +117,14 @@ def pytest_collection_modifyitems(config, items):
     # models keep the whole-model triton tests in the default run, but for the fused against the
     # unfused loss (21 s), whose two halves test_gpt_fused_false_runs_each_op_alone (unfused against
     # fused) and test_gpt_matches_python_backend_and_torch_nn (fused) run on triton already.
-    # The triton kv_len attention cases in float16 as well: under the interpreter half tiles are
-    # upcast to float32 (UPCAST), so float16 walks bfloat16's path, which stays (with float32).
+    # The triton attention cases in float16 as well: under the interpreter half tiles are upcast to
+    # float32 (UPCAST), so float16 walks bfloat16's path, which stays (with float32).
     slow = pytest.mark.slow
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if params.get("backend") == "triton" and (
                 params.get("arch") == "llama" or item.originalname == "test_gpt_fused_and_unfused_loss_agree"
-                or (item.originalname == "test_attention_kv_len" and params.get("dtype") == torch.float16)):
+                or (item.module.__name__ == "test_attention" and params.get("dtype") == torch.float16)):
             item.add_marker(slow)
     skip = pytest.mark.skip(reason="realistic-size GPU test: needs CUDA")
     for item in items:
