@@ -54,7 +54,7 @@ def run(B, H, Hkv, Tq, Tk, D, dtype, causal, layout="contiguous", needs=(True, T
     assert out.shape == (B, H, Tq, D) and cache[4].shape == (B, H, Tq) and cache[4].dtype == torch.float32
     for g, t, n in zip(grads, (q, k, v), needs):
         assert (g is None) == (not n) and (g is None or g.shape == t.shape)
-    return cache
+    return cache, grads
 
 
 # (dtype, D, causal, shape (B, H, Hkv, Tq, Tk), layout): every head-dim class (Dp = 32, 64, 96, 128),
@@ -96,7 +96,7 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
     if not hopper:
         no_hopper_kernels(monkeypatch)
     seen = compiled_kernels(monkeypatch)
-    cache = run(*shape, D, dtype, causal, layout)
+    cache, grads = run(*shape, D, dtype, causal, layout)
     # the Hopper kernels take 16-bit D = 64 / 128 whose strides TMA can describe (not "misaligned")
     if hopper and dtype != torch.float32 and D in (64, 128) and layout != "misaligned":
         assert [name for name, _ in seen] == list(HOPPER), seen
@@ -107,8 +107,10 @@ def test_attention_kernels_compile(monkeypatch, hopper, dtype, D, causal, shape,
         bwd = _attention_bwd_sm90.config(D, causal, shape[4])
         main = (dtype, D, causal, bwd["paired"], bwd["tma_store"])
         assert [key for _, key in seen[1:]] == [(dtype, D), main, (dtype, D)], seen
-        if layout == "bthd":
+        if layout == "bthd":  # read in place, and the gradients written token-major, as q, k, v (heads_like)
             assert not cache[0].is_contiguous()
+            assert all(g.transpose(1, 2).is_contiguous() and not g.is_contiguous() for g in grads), \
+                [g.stride() for g in grads]
         return
     assert [name for name, _ in seen] == list(FACTORIES), seen
     Dp = -(-D // 32) * 32

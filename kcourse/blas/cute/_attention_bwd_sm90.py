@@ -24,6 +24,9 @@ Three kernels:
   n and n_blocks - 1 - n, which see the same number of query tiles together.
 - ``_Postprocess``: dq = c dQaccum, rounded to the dtype, one CTA per 64 query rows (16-byte stores).
 
+out is read, and dq, dk, dv are written, through their strides: contiguous, or the token-major heads
+layout the op gives a projection's views (``_layout.heads_like``), any that TMA can describe.
+
 Warp roles of the main kernel (384 threads = 3 warpgroups)
 ---------------------------------------------------------
   - warpgroups 0 and 1, the *consumers*: warpgroup w owns keys [64 w, 64 w + 64) of the tile. Per
@@ -115,9 +118,10 @@ def config(D: int, causal: bool, Tk: int) -> dict:
     return {"persistent": paired, "paired": paired, "tma_store": tma_store}
 
 
-def plan(q, k, v, dout, causal: bool, scale: float, sms: int, launch) -> tuple:
+def plan(q, k, v, dout, causal: bool, scale: float, sms: int, launch, dk=None, dv=None) -> tuple:
     """``(key, dout_strides, numbers)`` of the launches for q, k, v, dout (tensors, or their
-    ``_compile.Operand`` stand-ins) as ``supports`` takes them and new contiguous dk, dv: the main
+    ``_compile.Operand`` stand-ins) as ``supports`` takes them and dk, dv laid out as ``dk``, ``dv``
+    (tensors or stand-ins whose strides TMA can describe; None: new contiguous ones): the main
     kernel's compile key, dout's TMA strides (the preprocess reads it through them) and the main
     kernel's runtime numbers after its pointers. ``sms``: the device's SM count; ``launch``: the
     attention table (``attention.Launch``): its ``backward_`` fields that are not None replace ``config``'s."""
@@ -128,10 +132,11 @@ def plan(q, k, v, dout, causal: bool, scale: float, sms: int, launch) -> tuple:
     n_blocks = -(-Tk // _AttentionBwdSm90.tile_n)
     units = (-(-n_blocks // 2) if c["paired"] else n_blocks) * Hkv * B
     ctas = min(units, sms) if c["persistent"] else units
-    kv_strides = (Hkv * Tk * D, Tk * D, D)  # dk and dv: new contiguous (B, Hkv, Tk, D) tensors
+    contiguous = (Hkv * Tk * D, Tk * D, D)  # a new contiguous (B, Hkv, Tk, D) tensor's
+    dk_strides, dv_strides = (contiguous if t is None else tma_strides(t) for t in (dk, dv))
     dout_strides = tma_strides(dout)
     numbers = (B, H, Hkv, Tq, Tk, *tma_strides(q), *tma_strides(k), *tma_strides(v), *dout_strides,
-               *kv_strides, *kv_strides, scale * LOG2E, scale, ctas)
+               *dk_strides, *dv_strides, scale * LOG2E, scale, ctas)
     return (q.dtype, D, causal, c["paired"], c["tma_store"]), dout_strides, numbers
 
 
@@ -139,15 +144,23 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
                        launch, planned: tuple | None = None) -> None:
     """dq, dk, dv <- the gradients of attention(q, k, v) for dout. q, k, v, dout as ``supports``
     takes them (dout, say, the transposed view a model's output projection hands back, read in place);
-    out (B, H, Tq, D) contiguous; lse (B, H, Tq) float32 contiguous; dq, dk, dv
-    contiguous, 16-byte aligned (dq may be None: dQ is then not written out). ``launch``: the
-    attention table (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s
-    answer for these operands under it (the cute attention caches it per layout), else worked out here."""
+    out (B, H, Tq, D) and dq, dk, dv in any layout whose strides TMA can describe (``tma_strides``:
+    contiguous, or the token-major heads layout of ``_layout.heads_like``), dq and out read and
+    written through their strides, dk and dv as ``plan`` was given them; lse (B, H, Tq) float32
+    contiguous. dq may be None: dQ is then not written out. ``launch``: the attention table
+    (``attention.Launch``; ``tuning.launch("attention")``); ``planned``: ``plan``'s answer for these
+    operands under it (the cute attention caches it per layout), else worked out here."""
     B, H, Tq, D = q.shape
-    if not out.is_contiguous():  # (the preprocess reads out's rows as contiguous)
-        raise ValueError(f"attention (cute, Hopper backward): out {tuple(out.shape)} with strides {out.stride()} "
-                         "must be contiguous; pass out.contiguous()")
-    key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), launch)
+    out_strides = tma_strides(out)
+    if out_strides is None:  # (the preprocess reads out's rows through 16-byte vectors)
+        out = out.contiguous()
+        out_strides = tma_strides(out)
+    dq_strides = None if dq is None else tma_strides(dq)
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if t is not None and tma_strides(t) is None:
+            raise ValueError(f"attention (cute, Hopper backward): {name} {tuple(t.shape)} with strides {t.stride()}: "
+                             "the kernels write it through TMA-describable strides; pass a new contiguous tensor")
+    key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), launch, dk, dv)
     rows = B * H * -(-Tq // TILE_M) * TILE_M  # lse2 and delta: (B, H, Tq) padded to whole tiles
     dev = _compile.stream_of(q)
     pointer = _compile.pointer
@@ -159,11 +172,11 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     dq_accum = pointer(accum, 16)
     dout_ = pointer(dout, 16)
     _compile.launch(_Preprocess, (q.dtype, D), pointer(out, 16), dout_, pointer(lse, 4), lse2, delta, dq_accum,
-                    B, H, Tq, *dout_strides, dev)
+                    B, H, Tq, *out_strides, *dout_strides, dev)
     _compile.launch(_AttentionBwdSm90, key, pointer(q, 16), pointer(k, 16), pointer(v, 16), dout_, lse2, delta,
                     dq_accum, pointer(dk, 16), pointer(dv, 16), *numbers, dev)
     if dq is not None:
-        _compile.launch(_Postprocess, (q.dtype, D), dq_accum, pointer(dq, 16), B, H, Tq, scale, dev)
+        _compile.launch(_Postprocess, (q.dtype, D), dq_accum, pointer(dq, 16), B, H, Tq, *dq_strides, scale, dev)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,20 +228,14 @@ def accum_tensor(ptr: cute.Pointer, D: int, m_tiles: Int32, H: Int32, B: Int32) 
                                                   stride=(1, tile // 2, tile, s_m, s_m * H)))
 
 
-def heads_contiguous(ptr: cute.Pointer, T: Int32, D: int, H: Int32, B: Int32) -> cute.Tensor:
-    """A contiguous (B, H, T, D) tensor as (T, D, H, B), its strides known multiples of D."""
-    s_h = cute.assume(Int64(T) * D, divby=D)
-    return cute.make_tensor(ptr, cute.make_layout((T, D, H, B), stride=(D, 1, s_h, s_h * H)))
-
-
 # ------------------------------------------------------------------------------------------------
 # Preprocess: delta, lse log2 e, dQaccum = 0
 # ------------------------------------------------------------------------------------------------
 class _Preprocess:
     """delta = rowsum(dO out) and lse log2 e into padded buffers; dQaccum's tile zeroed. One CTA of
     256 threads per (64 query rows, head, batch): 4 threads a row, each D/4 elements in 16-byte vectors
-    (vector j of the row is thread j % 4's), two butterfly shuffles. dO is read through its strides
-    (those ``tma_strides`` gives, as the main kernel's descriptor), out is contiguous."""
+    (vector j of the row is thread j % 4's), two butterfly shuffles. dO and out are read through
+    their strides (those ``tma_strides`` gives, as the main kernel's descriptor takes dO's)."""
 
     threads = 256
 
@@ -238,12 +245,13 @@ class _Preprocess:
     @cute.jit
     def __call__(self, po: cute.Pointer, pdo: cute.Pointer, plse: cute.Pointer, plse2: cute.Pointer,
                  pdelta: cute.Pointer, pacc: cute.Pointer, B: Int32, H: Int32, Tq: Int32,
-                 sdo_b: Int64, sdo_h: Int64, sdo_t: Int64, stream: cuda.CUstream):
+                 so_b: Int64, so_h: Int64, so_t: Int64, sdo_b: Int64, sdo_h: Int64, sdo_t: Int64,
+                 stream: cuda.CUstream):
         D = self.D
         m_tiles = cute.ceil_div(Tq, TILE_M)
         Tp = m_tiles * TILE_M
-        mO = heads_contiguous(po, Tq, D, H, B)
-        mdO = head_tensor(pdo, Tq, D, H, B, sdo_t, sdo_h, sdo_b, VEC)  # strides multiples of 8 (tma_strides)
+        mO = head_tensor(po, Tq, D, H, B, so_t, so_h, so_b, VEC)  # strides multiples of 8 (tma_strides)
+        mdO = head_tensor(pdo, Tq, D, H, B, sdo_t, sdo_h, sdo_b, VEC)
         mLSE = row_tensor(plse, Tq, H, B)
         mLSE2, mDelta = row_tensor(plse2, Tp, H, B), row_tensor(pdelta, Tp, H, B)
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)
@@ -301,12 +309,12 @@ class _Postprocess:
         self.dtype, self.D = _compile.DTYPES[dtype], D
 
     @cute.jit
-    def __call__(self, pacc: cute.Pointer, pdq: cute.Pointer, B: Int32, H: Int32, Tq: Int32, scale: Float32,
-                 stream: cuda.CUstream):
+    def __call__(self, pacc: cute.Pointer, pdq: cute.Pointer, B: Int32, H: Int32, Tq: Int32,
+                 sdq_b: Int64, sdq_h: Int64, sdq_t: Int64, scale: Float32, stream: cuda.CUstream):
         D = self.D
         m_tiles = cute.ceil_div(Tq, TILE_M)
         mAcc = accum_tensor(pacc, D, m_tiles, H, B)
-        mdQ = heads_contiguous(pdq, Tq, D, H, B)
+        mdQ = head_tensor(pdq, Tq, D, H, B, sdq_t, sdq_h, sdq_b, VEC)  # strides multiples of 8 (tma_strides)
         self.kernel(mAcc, mdQ, scale).launch(grid=[m_tiles, H, B], block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel

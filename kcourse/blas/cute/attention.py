@@ -57,7 +57,10 @@ strides or address allow no 4-byte vector, is first copied to a contiguous tenso
 one extra read and write of it); the copy is what the cache holds. dout comes as autograd has it
 (``autograd.STRIDED_DOUT``: in a model, the transposed view of the output projection's gradient):
 the Hopper backward reads it in place through its strides (TMA and the preprocess), the mma.sync
-kernels take a contiguous copy. out, dq, dk and dv are new contiguous tensors.
+kernels take a contiguous copy. The Hopper kernels write out, dq, dk and dv laid out as q, k and v
+(``_layout.heads_like``: token-major for a projection's views, else contiguous) and the backward
+reads out through its strides; the mma.sync kernels write new contiguous tensors (the op's
+``_conform`` copies them into its layout) and read a contiguous out.
 
 Compile keys (``_compile``): the mma.sync forward, dK/dV and dQ each (dtype, math mode, padded head
 dim, causal, vector width), the forward's with ``True`` appended where kv_len is given; delta (dtype,
@@ -72,7 +75,7 @@ from typing import NamedTuple
 import torch
 
 from .. import tuning
-from .._layout import heads_like
+from .._layout import heads_like, heads_strides, token_major
 from . import _compile
 from ._attention_bwd import _delta_factory, _dkdv_factory, _dq_factory
 from ._attention_bwd_sm90 import attention_bwd_sm90, plan as sm90_bwd_plan, supports as sm90_bwd_supports
@@ -185,6 +188,11 @@ def _readable(*tensors):
     return tensors, vec
 
 
+def _heads_like(t: Operand) -> Operand:
+    """The stand-in of ``heads_like(t)`` (a new tensor: 16-byte aligned)."""
+    return Operand(t.shape, heads_strides(t.shape, token_major(t)), t.dtype, 0)
+
+
 def _check_lengths(Tq: int, Tk: int, rows: int) -> None:
     if max(Tq, Tk, rows) > _MAX_DIM:
         raise ValueError(f"attention: Tq = {Tq}, Tk = {Tk}; the cute kernels take sequences (and B H Tq) "
@@ -288,7 +296,9 @@ def _backward_plan(q: Operand, k: Operand, v: Operand, dout: Operand, out: Opera
     (q, k, v, dout), vec = _readable(q, k, v, dout)
     if sm90_bwd_supports(q, k, v, dout, scale) and not deterministic:
         copies = tuple(r is not t for r, t in zip((q, k, v, dout), originals))
-        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, sm_count_of(device), launch), (), 16, ())
+        dk, dv = (_heads_like(t) for t in originals[1:3])  # the gradients in the op's layout (of the inputs)
+        return _Backward(copies, sm90_bwd_plan(q, k, v, dout, causal, scale, sm_count_of(device), launch, dk, dv),
+                         (), 16, ())
     if not dout.is_contiguous():  # the delta kernel reads dout (and out) as contiguous rows
         dout = dout.contiguous()
         vec = _vec([q, k, v, dout])
@@ -310,14 +320,17 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     if plan is None:  # no query or no key: every gradient is zero
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if n else None
                      for t, n in zip((q, k, v), needs))
-    out = out.contiguous()  # the forward's own: already contiguous
+    if plan.sm90 is not None:  # the gradients in the op's layout, laid out as the inputs; out read in place
+        dq = heads_like(q) if needs[0] else None
+        dk, dv = heads_like(k), heads_like(v)
+        if any(plan.copies):
+            q, k, v, dout = (t.contiguous() if copy else t for t, copy in zip((q, k, v, dout), plan.copies))
+        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, table, planned=plan.sm90)
+        return dq, dk if needs[1] else None, dv if needs[2] else None
+    out = out.contiguous()  # (the delta kernel reads its rows as contiguous)
     if any(plan.copies):
         q, k, v, dout = (t.contiguous() if copy else t for t, copy in zip((q, k, v, dout), plan.copies))
     dq = q.new_empty(q.shape) if needs[0] else None
-    if plan.sm90 is not None:
-        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-        attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, table, planned=plan.sm90)
-        return dq, dk if needs[1] else None, dv if needs[2] else None
     align, (delta_key, dkdv_key, dq_key), dev = plan.align, plan.keys, stream_of(q)
     B, H, Tq, D = q.shape
     delta = torch.empty_like(lse)
