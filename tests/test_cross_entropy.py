@@ -257,6 +257,26 @@ def test_pytorch_backward_from_kept_log_probs(dtype):
         torch.testing.assert_close(dx_kept, dx, equal_nan=True, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_pytorch_chunk_forward_and_backward_at_once(dtype):
+    """``cross_entropy_grad`` (linear_cross_entropy's chunks on the pytorch backend): the row losses,
+    the unweighted dlogits written over the log-probabilities and the valid rows, bit for bit those
+    of the forward then the spending backward it stands for, with ignored rows and +inf rows."""
+    from kcourse.blas.pytorch import cross_entropy as ce
+
+    logits, target = randn(9, 300, dtype=dtype), targets(9, 300)
+    logits[0, 5], logits[3, target[3]] = INF, INF
+    target[[1, 6]] = -100
+    loss, dx, valid = ce.cross_entropy_grad(logits, target, -100)
+    loss_ref, cache = ce.cross_entropy(logits, target, -100, "none")
+    dx_ref, _ = ce.cross_entropy_backward(torch.ones((), device=logits.device), cache, (True, False), -100, "sum",
+                                          row_weighted=False, spend_log_probs=True)
+    assert loss.dtype == dx.dtype == dtype and valid.tolist() == (target != -100).tolist()
+    torch.testing.assert_close(loss, loss_ref, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(dx, dx_ref, equal_nan=True, rtol=0, atol=0)
+    assert loss[0].isposinf() and loss[3].isnan() and (loss[[1, 6]] == 0).all()
+
+
 def test_pytorch_backward_needs_no_softmax(monkeypatch):
     # the pytorch backend's op keeps its log-probabilities: its backward is their exp, never a
     # second softmax over the logits, and gives the reference's gradient
