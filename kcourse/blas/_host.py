@@ -440,6 +440,8 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
     dW and dbias are in the weight's dtype and added up by the gemm and gemv themselves (beta = 1,
     in place): each chunk's product is accumulated in float32 and added to the running sum in the
     epilogue, rounded once per chunk (at most CHUNKS roundings for a half-precision weight)."""
+    if cross_entropy_grad is not None and not weights_on_operands:  # (its dlogits carry no row weights)
+        raise ValueError("linear_cross_entropy_ops: cross_entropy_grad needs weights_on_operands=True")
 
     def accumulate(dlogits, x, weight, dx, sums, first, ones, g=None):
         """dx <- dlogits weight; (dW, dbias) <- (dlogits^T x, dlogits^T 1) for the ``first`` chunk,

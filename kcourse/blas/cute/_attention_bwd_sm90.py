@@ -155,9 +155,10 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     if out_strides is None:  # (the preprocess reads out's rows through 16-byte vectors)
         out = out.contiguous()
         out_strides = tma_strides(out)
-    dq_strides = None if dq is None else tma_strides(dq)
-    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if t is not None and tma_strides(t) is None:
+    grads = {"dq": dq, "dk": dk, "dv": dv}
+    strides = {name: None if t is None else tma_strides(t) for name, t in grads.items()}
+    for name, t in grads.items():
+        if t is not None and strides[name] is None:
             raise ValueError(f"attention (cute, Hopper backward): {name} {tuple(t.shape)} with strides {t.stride()}: "
                              "the kernels write it through TMA-describable strides; pass a new contiguous tensor")
     key, dout_strides, numbers = planned or plan(q, k, v, dout, causal, scale, sm_count(q.device), launch, dk, dv)
@@ -176,7 +177,7 @@ def attention_bwd_sm90(q, k, v, out, dout, lse, dq, dk, dv, causal: bool, scale:
     _compile.launch(_AttentionBwdSm90, key, pointer(q, 16), pointer(k, 16), pointer(v, 16), dout_, lse2, delta,
                     dq_accum, pointer(dk, 16), pointer(dv, 16), *numbers, dev)
     if dq is not None:
-        _compile.launch(_Postprocess, (q.dtype, D), dq_accum, pointer(dq, 16), B, H, Tq, *dq_strides, scale, dev)
+        _compile.launch(_Postprocess, (q.dtype, D), dq_accum, pointer(dq, 16), B, H, Tq, *strides["dq"], scale, dev)
 
 
 # ------------------------------------------------------------------------------------------------
