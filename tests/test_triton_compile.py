@@ -120,6 +120,9 @@ EVERY_OP = textwrap.dedent("""
             backward(blas.swiglu(x, y), blas.linear(x, t(23, 41), t(23), "relu"))
             backward(blas.cross_entropy(x, torch.randint(0, 41, (37,), generator=g)))
             backward(*blas.add_layer_norm(x, y, t(41), t(41)))
+            for d in (12000, 20000):  # long rows: the backward split over two programs, then swept twice
+                x2 = t(3, d)
+                backward(blas.layer_norm(x2, t(d), t(d)), blas.softmax(x2))
             q, k = t(1, 2, 33, 64, grad=False), t(1, 2, 33, 64)  # dK and dV only: the delta kernel
             backward(blas.attention(q, k, t(1, 2, 33, 64), causal=True))
         if dtype != torch.float32:  # the Hopper (TMA) paths, which a CPU tensor never takes by itself

@@ -29,6 +29,8 @@ reduced: at D = 8192 an SM holds one program (16 warps, ~100 registers a thread)
 prefetch its loads stop during every row's reductions and stores. layer_norm's two row sums are
 one two-operand reduction: one round of shared memory and barriers, not two.
 
+Rows of ``ON_CHIP_BACKWARD`` < D <= ``_split.LONGEST`` columns are split over programs that
+meet once a row (``norm_split_backward_kernel``, ``_split``): x and dy are read once, as on chip.
 A longer row is swept in ``CHUNK_D`` blocks, twice: row by row for its row sums (kept in a (N, 2)
 float32 scratch when a column sum is wanted too), then block of columns by block over the program's
 rows, adding the column sums and writing that block of dx beside them: x and dy are read twice
@@ -58,6 +60,7 @@ import triton.language as tl
 from .. import _host
 from .._layout import rows_of
 from ._launch import block_indices, cdiv, launch, next_power_of_2, sm_count, sum_pair
+from ._split import exchange, rows_per_program, scratch, split, take_ticket
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
@@ -70,6 +73,10 @@ LONG_ROW_STAGES = 3  # backward, rows longer than ON_CHIP_BACKWARD: num_stages o
 WARPS_PER_SM = 16  # backward: programs per SM = this // num_warps (two 8-warp programs at D <= 4096: 1.2-1.4x one)
 CENTER_PREFETCH_TILE = 8192  # backward, layer_norm with the prefetch, D <= 1024: its tile (two programs do not fit)
 SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction: tile elements, rows, warps
+# backward, rows split over programs (``_split``): (columns a program, num_warps) by (itemsize, layer_norm),
+# measured on an H200 (experiments/split_rows.py: 16 warps spill a float32 layer_norm's 32 columns a thread)
+SPLIT_LAUNCH = {(2, False): (8192, 16), (2, True): (8192, 8), (4, False): (8192, 8), (4, True): (4096, 8)}
+SPLIT_PROGRAMS_PER_SM = 4  # ... and the groups' count, as programs an SM (each group, a row of partials)
 
 
 def _block(d: int, on_chip: int) -> dict:
@@ -307,6 +314,60 @@ def norm_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dh_pt
 
 
 @triton.jit
+def _load_block(x_ptr, dy_ptr, row, cols, mask, D, stride_row, stride_col):
+    # a row's block of x and dy in their own dtypes, 0 where masked
+    x = tl.load(x_ptr + row * stride_row + cols * stride_col, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + row * D + cols, mask=mask, other=0.0)
+    return x, dy
+
+
+@triton.jit
+def norm_split_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dh_ptr, dw_ptr, db_ptr, sync_ptr,
+                               N, D, stride_row, stride_col, PARTS, ROWS,
+                               CENTER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    # norm_backward_kernel's operands, rows split over PARTS programs of BLOCK_D columns, ROWS rows a
+    # group (``_split``): group k's programs meet once a row (when dx is wanted) to add up the row
+    # sums of g * xhat and g, and each keeps its columns' sums of dy * xhat and dy, stored as row k of
+    # the (P = groups, D) partials. x and dy are read once, the next row's blocks loading meanwhile.
+    ticket = take_ticket(sync_ptr)
+    group, part = ticket // PARTS, ticket % PARTS
+    first = group * ROWS
+    last = tl.minimum(first + ROWS, N)
+    cols = part * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)  # (BLOCK_D,)
+    mask = cols < D
+    w = 1.0
+    if w_ptr is not None:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    acc_w = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+    mean = 0.0
+    x_next, dy_next = _load_block(x_ptr, dy_ptr, first, cols, mask, D, stride_row, stride_col)
+    for row in range(first, last):
+        x, dy = x_next, dy_next
+        x_next, dy_next = _load_block(x_ptr, dy_ptr, row + 1, cols, mask & (row + 1 < last), D, stride_row,
+                                      stride_col)
+        if CENTER:
+            mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = tl.where(mask, (x.to(tl.float32) - mean) * rstd, 0.0)
+        dy = dy.to(tl.float32)
+        if dx_ptr is not None:
+            g = dy * w
+            sum_gx, sum_g = sum_pair(g * xhat, g, 0)
+            gx_all, g_all, _ = exchange(sync_ptr, row, part, sum_gx, sum_g, PARTS, BLOCK_P)
+            dxhat = g - xhat * (tl.sum(gx_all, axis=0) / D)
+            if CENTER:
+                dxhat -= tl.sum(g_all, axis=0) / D
+            _store_dx(dx_ptr, dh_ptr, row * D + cols, rstd * dxhat, mask)
+        acc_w += dy * xhat
+        acc_b += dy
+    if dw_ptr is not None:
+        tl.store(dw_ptr + group * D + cols, acc_w, mask=mask)
+    if db_ptr is not None:
+        tl.store(db_ptr + group * D + cols, acc_b, mask=mask)
+
+
+@triton.jit
 def column_sum_kernel(partials_ptr, out_ptr, out2_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
     # partials: (S, P, D) float32, S = 1 (out2 None) or 2; out, out2: (D,) in the parameters' dtype.
     # Program (j, s) sums columns j * BLOCK_D ... of set s over its P rows into out (s = 0) or out2 (s = 1).
@@ -364,6 +425,10 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
     dout's shape, or None), h's own gradient in the fused add + norms, is added to dx before it is rounded."""
     n, d = x2.shape
     device = x2.device
+    block, warps = SPLIT_LAUNCH[x2.element_size(), mean is not None]
+    parts = split(d, ON_CHIP_BACKWARD, block, device)
+    if parts is not None and n:
+        return _split_backward(dout, x2, weight, mean, rstd, needs, dresidual, parts, block, warps)
     options = _backward_options(n, d, x2.element_size(), mean is not None)
     sms = sm_count(device)  # 4 in the interpreter: several programs, the CPU tests cover the column sums
     tiles = cdiv(n, options["BLOCK_M"])
@@ -379,6 +444,21 @@ def norm_backward(dout, x2, weight, mean, rstd, needs, dresidual=None):
            x2.stride(0), x2.stride(1), rows_per_program,
            CENTER=mean is not None, STAGES=BACKWARD_STAGES, LONG_STAGES=LONG_ROW_STAGES,
            **options)
+    return _host.norm_gradients(dx, partials, needs, x2.dtype, launch=_column_sum_launch)
+
+
+def _split_backward(dout, x2, weight, mean, rstd, needs, dresidual, parts: int, block: int, warps: int):
+    """``norm_backward`` for rows split over ``parts`` programs of ``block`` columns (``_split``):
+    about ``SPLIT_PROGRAMS_PER_SM`` programs an SM, each group's column sums a row of the partials."""
+    n, d = x2.shape
+    device = x2.device
+    rows = rows_per_program(n, parts, device, SPLIT_PROGRAMS_PER_SM)
+    groups = cdiv(n, rows)
+    dx = torch.empty(dout.shape, dtype=x2.dtype, device=device) if needs[0] else None
+    partials, dw, db = _host.weight_partials(needs, groups, d, device)
+    launch(norm_split_backward_kernel, (groups * parts,), dout, x2, _dense(weight), mean, rstd, dx, dresidual, dw, db,
+           scratch(n, parts, device), n, d, x2.stride(0), x2.stride(1), parts, rows, CENTER=mean is not None,
+           BLOCK_D=block, BLOCK_P=next_power_of_2(parts), num_warps=warps)
     return _host.norm_gradients(dx, partials, needs, x2.dtype, launch=_column_sum_launch)
 
 
