@@ -42,8 +42,8 @@ VARIANTS = {
     "4k_w8": {(_norm, "SPLIT_LAUNCH"): dict.fromkeys(SETTINGS, (4096, 8))},
     "8k_w8": {(_norm, "SPLIT_LAUNCH"): dict.fromkeys(SETTINGS, (8192, 8))},
     "8k_w16": {(_norm, "SPLIT_LAUNCH"): dict.fromkeys(SETTINGS, (8192, 16))},
-    "fewer": {(_norm, "SPLIT_PROGRAMS_PER_SM"): 2},
-    "more": {(_norm, "SPLIT_PROGRAMS_PER_SM"): 8},
+    "fewer": {(_norm, "SPLIT_PROGRAMS_PER_SM"): 1},
+    "more": {(_norm, "SPLIT_PROGRAMS_PER_SM"): 4},
 }
 
 

@@ -76,7 +76,7 @@ SUM_TILE, SUM_MAX_BLOCK_P, SUM_WARPS = 4096, 256, 4  # the partial-sum reduction
 # backward, rows split over programs (``_split``): (columns a program, num_warps) by (itemsize, layer_norm),
 # measured on an H200 (experiments/split_rows.py: 16 warps spill a float32 layer_norm's 32 columns a thread)
 SPLIT_LAUNCH = {(2, False): (8192, 16), (2, True): (8192, 8), (4, False): (8192, 8), (4, True): (4096, 8)}
-SPLIT_PROGRAMS_PER_SM = 4  # ... and the groups' count, as programs an SM (each group, a row of partials)
+SPLIT_PROGRAMS_PER_SM = 2  # ... and the groups' count, as programs an SM (each group, a row of partials)
 
 
 def _block(d: int, on_chip: int) -> dict:
