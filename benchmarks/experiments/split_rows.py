@@ -11,10 +11,9 @@ backend (module constants set for the variant, then restored):
   - ``4k_w8``, ``8k_w8``, ``8k_w16``: every dtype and norm in blocks of 4096 or 8192 columns with 8
     or 16 warps; ``fewer`` and ``more``: half and twice as many groups.
 
-Earlier versions of this experiment (2026-11-29, H200) also split the forwards of the norms and of
-softmax, one program a row or ``ROWS`` a group, and the backward up to 2^20 columns; they measured
-slower than the two sweeps from 65536 columns, or as fast (``_split``'s docstring has numbers), and
-were removed.
+Not in the tree: the same split for the norms' and softmax's forwards (one program a row, or
+``ROWS`` a group) and for the backward up to 2^20 columns measured slower than, or as fast as, the
+two sweeps from 65536 columns (H200, 2026-11-29; ``_split``'s docstring has the numbers).
 
 Usage, on the GPU (quack optional: its wheels as benchmarks/README.md says):
 

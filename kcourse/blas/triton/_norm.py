@@ -354,7 +354,7 @@ def norm_split_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
         if dx_ptr is not None:
             g = dy * w
             sum_gx, sum_g = sum_pair(g * xhat, g, 0)
-            gx_all, g_all, _ = exchange(sync_ptr, row, part, sum_gx, sum_g, PARTS, BLOCK_P)
+            gx_all, g_all = exchange(sync_ptr, row, part, sum_gx, sum_g, PARTS, BLOCK_P)
             dxhat = g - xhat * (tl.sum(gx_all, axis=0) / D)
             if CENTER:
                 dxhat -= tl.sum(g_all, axis=0) / D

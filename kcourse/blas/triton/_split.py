@@ -2,8 +2,8 @@
 
 A row-wise op needs a statistic of the whole row before it can write any of it. A row that fits
 one program's registers is read once; a longer one swept by one program is read twice (statistics,
-then output). Here a row of D columns is cut into ``parts`` blocks, one
-program per block (``block`` columns): each loads its block, keeps it in registers, publishes its two partial sums
+then output). Here a row of D columns is cut into ``parts`` blocks of ``block`` columns, one
+program per block: each loads its block, keeps it in registers, publishes its two partial sums
 (``exchange``), waits until every block of the row has published, combines all of them in the same
 order in every program (deterministic), and writes its block. Rows go ``ROWS`` at a time
 (consecutive ones): a group of ``parts`` programs takes them together, each loading its block of
@@ -11,8 +11,8 @@ the next row while this row's blocks meet.
 
 Where it pays (H200, 2026-11-29, ``benchmarks/experiments/split_rows.py``, 2^27 elements): the
 norms' backward on rows of 8192 < D <= 16384 columns, which one program cannot hold with its
-column sums (``_norm.ON_CHIP_BACKWARD``): at 8192 x 16384, bf16 rms_norm forward + backward 0.61 ->
-0.49 ms, layer_norm 0.64 -> 0.44 ms. Not elsewhere: the meeting costs a program a round trip
+column sums (``_norm.ON_CHIP_BACKWARD``): at 8192 x 16384, bf16 rms_norm forward + backward 0.613 ->
+0.420 ms, layer_norm 0.630 -> 0.438 ms. Not elsewhere: the meeting costs a program a round trip
 through L2 while it holds its registers, and on longer rows, and in every forward and softmax
 tried (one program a row, or ``ROWS`` with the next row loading), that cost more than the second
 read it saves, which mostly hits L2 (2048 x 65536 bf16 rms_norm forward: split 0.27-0.36 ms, two
@@ -88,8 +88,7 @@ def _value(slot):
 @triton.jit
 def exchange(sync_ptr, row, part, a, b, PARTS, BLOCK_P: tl.constexpr):
     """Publish this block's partials ``(a, b)`` (float32 scalars) of ``row``, wait for the row's other
-    blocks', and return all of them: ``(a_all, b_all, mask)``, (BLOCK_P,), blocks ``< PARTS`` in
-    ``mask``, 0 elsewhere."""
+    blocks', and return all of them: ``(a_all, b_all)``, (BLOCK_P,), 0 past ``PARTS``."""
     slots = sync_ptr + 1 + row * PARTS * 2
     tl.store(slots + part * 2, _flagged(a))
     tl.store(slots + part * 2 + 1, _flagged(b))
@@ -100,4 +99,4 @@ def exchange(sync_ptr, row, part, a, b, PARTS, BLOCK_P: tl.constexpr):
     while tl.min(got_a & got_b, axis=0) < 0x100000000:  # some block's flag still 0: read them again
         got_a = tl.load(slots + index * 2, mask=mask, other=0x100000000, volatile=True)
         got_b = tl.load(slots + index * 2 + 1, mask=mask, other=0x100000000, volatile=True)
-    return tl.where(mask, _value(got_a), 0.0), tl.where(mask, _value(got_b), 0.0), mask
+    return tl.where(mask, _value(got_a), 0.0), tl.where(mask, _value(got_b), 0.0)
