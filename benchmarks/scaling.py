@@ -5,6 +5,7 @@ and the torch.nn baseline, every run a real ``examples/train_gpt.py`` started by
     python -m benchmarks.scaling --out DIR --backends torch.nn,triton --steps 15 --time-limit 420
     python -m benchmarks.scaling --out DIR --dists ddp --batch-per-gpu 16
     python -m benchmarks.scaling --out DIR --dists ddp --rounds 3             # x1 and x2 interleaved three times
+    python -m benchmarks.scaling --out DIR --dists ddp --cuda-graph          # each step a CUDA graph replay
     python -m benchmarks.scaling --out /tmp/s --tiny --device cpu --backends pytorch --dists ddp --steps 2  # smoke test
     python -m benchmarks.history add DIR/scaling.json                       # into the benchmark history
 
@@ -113,7 +114,9 @@ def plan(args) -> tuple[list[tuple[str, str | None, int]], dict[str, str]]:
             continue
         for n in args.gpus:
             for dist in [None] if n == 1 else args.dists:
-                if model == "torch.nn" and dist == "fsdp":
+                if dist == "fsdp" and args.cuda_graph:
+                    skipped[f"{model} {config_name(dist, n)}"] = "--cuda-graph captures DDP's all-reduces, not FSDP2's"
+                elif model == "torch.nn" and dist == "fsdp":
                     skipped[f"{model} {config_name(dist, n)}"] = \
                         "kcourse.distributed.wrap shards per kcourse Block, not the torch.nn twin's blocks"
                 else:
@@ -137,6 +140,8 @@ def command(model: str, dist: str | None, n: int, args, c, run_dir: Path) -> lis
         train.append("--amp" if args.amp else "--no-amp")
     if args.compile:  # on one GPU too, each Block compiled and the rest eager, as --dist compiles
         train += ["--compile"] + ["--compile-blocks"] * (dist is None)
+    if args.cuda_graph:
+        train.append("--cuda-graph")
     return launch + entry + [str(a) for a in train]
 
 
@@ -185,7 +190,7 @@ def run(model: str, dist: str | None, n: int, args, c) -> dict:
     median = statistics.median(timed)
     peaks = m["peak_memory_bytes"]
     mode = "+".join(["autocast"] * m["amp"] + ["compile-blocks"] * (m["compile"] == "blocks")
-                    + ["compile"] * (m["compile"] == "model"))
+                    + ["compile"] * (m["compile"] == "model") + ["graphed"] * bool(m.get("cuda_graph")))
     result.update(
         mode=f"{mode} {config_name(dist, n)}" if mode else config_name(dist, n), device=m["device"],
         parameters=m["parameters"], dtype=m["dtype"], amp=m["amp"], compile=m["compile"],
@@ -243,7 +248,8 @@ def meta(args, c, runs: dict) -> dict:
     del m["fullgraph"]
     devices = [r["device"] for r in runs.values() if "device" in r]
     m.update(device=devices[0] if devices else m["device"], date_utc=args.date,
-             batch_per_gpu=args.batch_per_gpu, amp=args.amp, compile=args.compile)
+             batch_per_gpu=args.batch_per_gpu, amp=args.amp, compile=args.compile,
+             cuda_graph=args.cuda_graph)
     return m
 
 
@@ -321,6 +327,9 @@ def main(argv=None) -> dict | None:
                    help="bfloat16 autocast with float32 master weights (train_gpt.py's default: on on CUDA)")
     p.add_argument("--compile", action="store_true",
                    help="train_gpt.py --compile, each Block compiled (--compile-blocks on 1 GPU, as --dist does)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="train_gpt.py --cuda-graph: each step replayed as a CUDA graph, DDP's all-reduces in it "
+                        "(no FSDP2 runs); --warmup is raised to cover the eager steps before the capture")
     p.add_argument("--tiny", action="store_true", help="a tiny model: a smoke test of this script")
     p.add_argument("--time-limit", type=float, default=None, help="start no run after this many seconds")
     p.add_argument("--run-timeout", type=float, default=600, help="kill a run after this many seconds")
@@ -334,6 +343,10 @@ def main(argv=None) -> dict | None:
     args.arch = "gpt2"
     if bad := [d for d in args.dists if d not in distributed.MODES]:
         p.error(f"--dists: unknown {', '.join(bad)}; valid: {', '.join(distributed.MODES)}")
+    if args.cuda_graph:  # the eager steps before the capture, and the capture, are not timed
+        args.warmup = max(args.warmup, train_gpt().DDP_WARMUP + 1)
+        if args.compile:
+            p.error("--cuda-graph replays eager steps: it does not combine with --compile")
     if args.warmup < 1 or args.steps < 1 or args.rounds < 1 or min(args.gpus, default=0) < 1:
         p.error("--warmup, --steps, --rounds and every --gpus count must be >= 1")
     if args.cuda and max(args.gpus) > torch.cuda.device_count():

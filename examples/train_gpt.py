@@ -18,9 +18,14 @@ replays it for every later step, with the batch copied into static input buffers
 kernels on the same values, without Python or launch overhead per kernel. It gives the same
 losses as a run without it: on CUDA the optimizer keeps its step counts and learning rate on the
 device (AdamW(capturable=True), a tensor lr filled in each step) with or without the flag, so the
-flag changes how the step is launched, never what it computes.
+flag changes how the step is launched, never what it computes. With --dist ddp the graph holds the
+gradients' all-reduces too (NCCL collectives are capturable): DDP is built, warmed up (DDP_WARMUP
+steps, as PyTorch's CUDA-graph notes ask) and captured on one side stream; every rank replays its
+graph each step. --dist fsdp does not combine with it (FSDP2's hooks run Python between its
+collectives every step).
 
     python examples/train_gpt.py --backend triton --device cuda --steps 2000 --out runs/gpt-gpu --cuda-graph
+    torchrun --nproc_per_node 2 examples/train_gpt.py --dist ddp --cuda-graph --backend cute --batch-size 32
 
 --amp runs the forward under torch.autocast(bfloat16) with float32 master weights (how nanoGPT
 trains): matrix products and attention in bfloat16, softmax, norms and the loss in float32. It is on
@@ -68,6 +73,7 @@ from kcourse import distributed
 from kcourse.modules import GPT, GPTConfig
 
 WARMUP = 3  # eager steps before --cuda-graph captures one: kernels compiled and tuned, optimizer state made
+DDP_WARMUP = 11  # the same under --dist ddp: DDP has settled its gradient buckets (PyTorch's CUDA-graph notes)
 # FSDP2 warns that a module's output is a view (GPT's logits); nothing here writes into them in place.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
@@ -134,7 +140,8 @@ def parse_args(argv=None):
                         "JSON file (benchmarks/scaling.py reads it)")
     p.add_argument("--no-save", action="store_true", help="write no checkpoint at the end")
     p.add_argument("--cuda-graph", action="store_true",
-                   help=f"replay the training step as a CUDA graph after {WARMUP} eager steps (same losses)")
+                   help=f"replay the training step as a CUDA graph after {WARMUP} eager steps ({DDP_WARMUP} "
+                        "under --dist ddp; same losses)")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                    help="forward under torch.autocast(bfloat16), float32 master weights "
                         "(default: on on CUDA with --dtype float32, else off)")
@@ -156,8 +163,8 @@ def parse_args(argv=None):
         p.error(f"torchrun started {world} processes: pass --dist ddp or --dist fsdp")
     if args.batch_size % world:
         p.error(f"--batch-size {args.batch_size} is the global batch: it must be a multiple of the {world} processes")
-    if args.dist and args.cuda_graph:
-        p.error("--cuda-graph captures one process's step: it does not combine with --dist")
+    if args.dist == "fsdp" and args.cuda_graph:
+        p.error("--cuda-graph captures DDP's all-reduces, not FSDP2's gathers: use it with --dist ddp or alone")
     if args.cuda_graph and not cuda:
         p.error("--cuda-graph needs a CUDA --device")
     if args.amp is None:
@@ -173,14 +180,18 @@ def parse_args(argv=None):
     return args
 
 
-def build(args, group: distributed.Group, device: torch.device) -> tuple[GPT, torch.optim.Optimizer]:
-    """The model, wrapped for ``group`` (DDP, or sharded in place by FSDP2), and AdamW over its parameters."""
+def build(args, group: distributed.Group, device: torch.device,
+          stream: torch.cuda.Stream | None = None) -> tuple[GPT, torch.optim.Optimizer]:
+    """The model, wrapped for ``group`` (DDP, or sharded in place by FSDP2), and AdamW over its
+    parameters. ``stream``: the side stream --cuda-graph warms up and captures on, where DDP must be
+    built too."""
     extra = dict(mlp="swiglu", norm="rmsnorm", pos="rope", n_kv_head=max(1, args.n_head // 2), bias=False) \
         if args.llama else {}
     config = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                        n_head=args.n_head, n_embd=args.n_embd, **extra)
     model = GPT(config, backend=args.backend).to(device, getattr(torch, args.dtype))
-    model = distributed.wrap(model, group, device, amp=args.amp)
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        model = distributed.wrap(model, group, device, amp=args.amp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     return model, optimizer
 
@@ -258,14 +269,15 @@ def on_side_stream(side: torch.cuda.Stream, fn, *args):
 
 
 def capture(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-            amp=contextlib.nullcontext):
+            amp=contextlib.nullcontext, stream: torch.cuda.Stream | None = None):
     """One training step captured in a CUDA graph; returns ``step(x, y) -> loss`` that copies the
     batch into the graph's static inputs and replays it (the returned loss is the graph's own
-    tensor, overwritten by the next replay)."""
+    tensor, overwritten by the next replay). ``stream``: the side stream of the warm-up steps, captured
+    on too (DDP's reducer was built on it)."""
     static_x, static_y = x.clone(), y.clone()
     graph = torch.cuda.CUDAGraph()
     optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients in the graph's pool
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         with amp():
             _, static_loss = model(static_x, static_y)
         static_loss.backward()
@@ -296,7 +308,8 @@ def train(args) -> list[float]:
     data = corpus(args.corpus_bytes)
     split = int(0.9 * data.numel())
     train_data, val_data = data[:split], data[split:]
-    model, optimizer = build(args, group, device)
+    side = torch.cuda.Stream(device) if args.cuda_graph else None
+    model, optimizer = build(args, group, device, side)
     gen = torch.Generator().manual_seed(args.seed)
     losses, start = [], 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -311,7 +324,7 @@ def train(args) -> list[float]:
     entropy = unigram_entropy(train_data)
     n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the whole parameter's
     compiled = f", torch.compile (mode {args.compile_mode or 'default'})" if args.compile else ""
-    ranks = f", {args.dist} over {group.world} processes" if args.dist else ""
+    ranks = f", {args.dist} over {group.world} process{'es' * (group.world > 1)}" if args.dist else ""
     say(f"backend {args.backend} on {args.device} ({args.dtype} weights{', autocast bfloat16' if args.amp else ''}"
         f"{compiled}{', CUDA graph' if args.cuda_graph else ''}{ranks}); {n_params / 1e6:.2f}M parameters; "
         f"corpus {data.numel():,} bytes; unigram entropy {entropy:.3f} nats", flush=True)
@@ -336,7 +349,7 @@ def train(args) -> list[float]:
         bar = tqdm(total=args.steps, initial=start)
     tokens, t0 = 0, time.perf_counter()
     step_s, last = [], t0  # each step's wall-clock seconds: the loss's .item() waits for the step
-    side, graphed = (torch.cuda.Stream(), None) if args.cuda_graph else (None, None)
+    graphed, warmup = None, DDP_WARMUP if args.dist == "ddp" else WARMUP
     for step in steps:
         x, y = batch(train_data, args.batch_size, args.block_size, gen, device, group)
         set_lr(optimizer, lr_at(step, args))
@@ -344,11 +357,11 @@ def train(args) -> list[float]:
             torch.compiler.cudagraph_mark_step_begin()  # reduce-overhead: a new step's graphs may reuse memory
         if not args.cuda_graph:
             loss = train_step(forward, optimizer, x, y, amp)
-        elif step - start < WARMUP:
+        elif step - start < warmup:
             loss = on_side_stream(side, train_step, model, optimizer, x, y, amp)
         else:
             if graphed is None:
-                graphed = capture(model, optimizer, x, y, amp)
+                graphed = capture(model, optimizer, x, y, amp, side)
             loss = graphed(x, y)
         losses.append(distributed.mean(loss).item())
         step_s.append(time.perf_counter() - last)
@@ -401,7 +414,8 @@ def write_metrics(args, group: distributed.Group, device: torch.device, step_s: 
         args.metrics.parent.mkdir(parents=True, exist_ok=True)
         args.metrics.write_text(json.dumps({
             "device": device_name, "world": group.world, "dist": args.dist, "backend": args.backend,
-            "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args), "parameters": n_params,
+            "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args), "cuda_graph": args.cuda_graph,
+            "parameters": n_params,
             "tokens_per_step": args.batch_size * args.block_size, "step_s": step_s, "losses": losses,
             "peak_memory_bytes": peaks}))
 

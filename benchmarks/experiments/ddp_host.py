@@ -1,0 +1,79 @@
+"""Experiment: does DDP itself slow an eager step down, or does the host? One training step of
+``examples/train_gpt.py`` (its model, AdamW, autocast and batches; GPT-2 124M, T = 1024, 16
+sequences per process), timed two ways: the whole step up to the all-reduced loss on the host, and
+the host's issue time alone (``train_step`` returning, before the loss is read). An issue time near
+the step time means the host sets the pace.
+
+    python -m benchmarks.experiments.ddp_host MODEL                      # one process, no DDP
+    torchrun --nproc_per_node 1 -m benchmarks.experiments.ddp_host MODEL  # DDP over a one-rank group
+    torchrun --nproc_per_node 2 -m benchmarks.experiments.ddp_host MODEL  # DDP over two GPUs
+
+MODEL: ``torch.nn`` (the twin of ``tests/torch_reference.py`` with kcourse's initial weights) or a
+kcourse backend. ``--small`` runs a 1-layer width-32 model on the CPU (gloo): a smoke test.
+Under torchrun every process runs the model under DDP, a one-rank group included; rank 0 prints.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from benchmarks import common, gpt
+from kcourse import distributed
+
+
+def twin_of(kcourse_gpt):
+    """The torch.nn twin built with the initial weights ``kcourse_gpt`` would have."""
+    def twin(config, backend=None):
+        model = gpt.torch_reference().GPT(config)
+        model.load_state_dict(kcourse_gpt(config, backend=backend).state_dict())
+        model.config = config
+        return model
+    return twin
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model", help="torch.nn or a kcourse backend")
+    p.add_argument("--steps", type=int, default=16, help="timed steps, after 6 untimed ones")
+    p.add_argument("--small", action="store_true", help="a tiny model on the CPU")
+    args = p.parse_args()
+    tg = common.load("examples/train_gpt.py")
+    if args.model == "torch.nn":
+        tg.GPT = twin_of(tg.GPT)
+    world = distributed.world_size()
+    size = ["--block-size", "64", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--vocab-size", "512",
+            "--device", "cpu"] if args.small else \
+        ["--block-size", "1024", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--vocab-size", "50304",
+         "--device", "cuda"]
+    run = tg.parse_args(["--backend", "pytorch" if args.model == "torch.nn" else args.model, *size,
+                         "--batch-size", str(16 * world), "--quiet", "--no-save"]
+                        + ["--dist", "ddp"] * distributed.launched())
+    group, device = distributed.init(run.dist, run.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    data = tg.corpus(run.corpus_bytes)
+    model, optimizer = tg.build(run, group, device)
+    tg.place_optimizer(optimizer, device)
+    gen = torch.Generator().manual_seed(0)
+    issue, step = [], []
+    for i in range(6 + args.steps):
+        x, y = tg.batch(data, run.batch_size, run.block_size, gen, device, group)
+        sync()
+        t0 = time.perf_counter()
+        loss = tg.train_step(model, optimizer, x, y, lambda: tg.autocast(run))
+        t1 = time.perf_counter()
+        distributed.mean(loss).item()
+        if i >= 6:
+            issue.append((t1 - t0) * 1e3)
+            step.append((time.perf_counter() - t0) * 1e3)
+    if group.main:
+        ddp = f"DDP over {world} rank{'s' * (world > 1)}" if run.dist else "no DDP"
+        print(f"{args.model}, {ddp}, {torch.get_num_threads()} threads: step {statistics.median(step):.1f} ms, "
+              f"host issue {statistics.median(issue):.1f} ms (min {min(issue):.1f}, max {max(issue):.1f})",
+              flush=True)
+    distributed.finish()
+
+
+if __name__ == "__main__":
+    main()
