@@ -414,8 +414,8 @@ def write_metrics(args, group: distributed.Group, device: torch.device, step_s: 
         args.metrics.parent.mkdir(parents=True, exist_ok=True)
         args.metrics.write_text(json.dumps({
             "device": device_name, "world": group.world, "dist": args.dist, "backend": args.backend,
-            "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args), "cuda_graph": args.cuda_graph,
-            "parameters": n_params,
+            "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args),
+            "cuda_graph": args.cuda_graph, "parameters": n_params,
             "tokens_per_step": args.batch_size * args.block_size, "step_s": step_s, "losses": losses,
             "peak_memory_bytes": peaks}))
 
