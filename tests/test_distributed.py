@@ -186,6 +186,25 @@ def test_scaling_benchmark_on_cpu(tmp_path):
     assert (tmp_path / "scaling.png").is_file()
 
 
+def test_scaling_with_cuda_graphs_plans_ddp_runs_only(tmp_path):
+    """benchmarks.scaling --cuda-graph: every run gets train_gpt.py's --cuda-graph, no FSDP2 run is
+    planned (it is not captured), and the eager steps before the capture are never timed."""
+    import argparse
+
+    from benchmarks import scaling
+
+    args = argparse.Namespace(backends=["torch.nn", "pytorch"], gpus=[1, 2], dists=["ddp", "fsdp"], cuda=True,
+                              cuda_graph=True, compile=False, amp=None, batch_per_gpu=2, device="cuda",
+                              dtype="float32", steps=3, warmup=13)
+    runs, skipped = scaling.plan(args)
+    assert ("pytorch", "ddp", 2) in runs and not any(dist == "fsdp" for _, dist, _ in runs)
+    assert "pytorch fsdp x2" in skipped
+    c = scaling.gpt.GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=1, n_embd=8)
+    assert "--cuda-graph" in scaling.command("pytorch", "ddp", 2, args, c, tmp_path)
+    with pytest.raises(SystemExit):  # --compile replays no eager step
+        scaling.main(["--out", tmp_path, "--device", "cpu", "--cuda-graph", "--compile"])
+
+
 def test_scaling_rounds_pair_each_run_with_its_own_round():
     """--rounds: a configuration keeps its rounds' median, and an efficiency is the median of each
     round's ratio to the 1-GPU run of the same round (a drift of the host between rounds cancels)."""
