@@ -44,7 +44,8 @@ The fields:
                                            (``first_step_s``; ``process_s`` the whole process; benchmarks/gpt.py
                                            --cold-start)
     gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
-                                           GPU over the model's 1-GPU run, peak memory per GPU
+                                           GPU over the model's 1-GPU run, peak memory per GPU (and
+                                           ``host_ms``: the slowest rank's median time to issue a step)
 
 Only points that ran and passed their correctness check are recorded. A run is identified by its
 (device, date): adding it twice adds nothing. ``latest`` keeps, per device, the newest row of each
@@ -194,6 +195,7 @@ def rows_from_scaling(results: dict) -> list[dict]:
             op="gpt_train", backend=run["model"], shape=shape, dtype=run["dtype"], direction="train",
             mode=run["mode"], ms=_round(run["step_ms"]), rate=_round(run["tokens_per_s_per_gpu"]),
             unit="tokens/s per GPU", gpus=run["gpus"], efficiency=_round(run.get("efficiency")),
+            host_ms=_round(run.get("host_ms")),
             peak_gib=_round(run.get("peak_memory_gib")), first_step_s=_round(run.get("first_step_s")),
             role="baseline" if run["model"] == "torch.nn" else None, device=run["device"], date=meta["date_utc"],
             versions={k: meta[k] for k in ("torch", "triton", "cuda", "python") if meta.get(k)}, commit=commit)))
@@ -477,10 +479,13 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
                    key=lambda r: (r["shape"], _order(r))))
     section("GPT training over GPUs (`benchmarks/scaling.py`)",
             "Batch per GPU fixed. Efficiency: tokens/s per GPU over the same model's on 1 GPU (target >= 0.90 "
-            "with DDP); FSDP2's peak memory per GPU should be below DDP's.",
-            "model | backend | mode | dtype | ms / step> | tokens/s per GPU> | efficiency> | peak GiB per GPU> | date",
-            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}", f"{r['rate']:,.0f}",
-                       number(r.get("efficiency"), ".3f"), number(r.get("peak_gib"), ".2f"), r["date"][:10]),
+            "with DDP); FSDP2's peak memory per GPU should be below DDP's. Host ms: the slowest rank's median time "
+            "to issue a step (near ms / step: the host sets the pace); - where not measured.",
+            "model | backend | mode | dtype | ms / step> | host ms> | tokens/s per GPU> | efficiency> | "
+            "peak GiB per GPU> | date",
+            lambda r: (r["shape"], r["backend"], r["mode"], r["dtype"], f"{r['ms']:.2f}",
+                       number(r.get("host_ms"), ".1f"), f"{r['rate']:,.0f}", number(r.get("efficiency"), ".3f"),
+                       number(r.get("peak_gib"), ".2f"), r["date"][:10]),
             sorted((r for r in rows if r["op"] == "gpt_train" and "gpus" in r),
                    key=lambda r: (r["shape"], _order(r), r["gpus"], r["mode"])))
     section("GPT decode (`benchmarks/decode.py`)", "",

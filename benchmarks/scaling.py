@@ -188,6 +188,7 @@ def run(model: str, dist: str | None, n: int, args, c) -> dict:
     m = json.loads(metrics.read_text())
     timed = m["step_s"][args.warmup:]
     median = statistics.median(timed)
+    issues = [statistics.median(r[args.warmup:]) for r in m.get("issue_s_per_rank", []) if r[args.warmup:]]
     peaks = m["peak_memory_bytes"]
     mode = "+".join(["autocast"] * m["amp"] + ["compile-blocks"] * (m["compile"] == "blocks")
                     + ["compile"] * (m["compile"] == "model") + ["graphed"] * bool(m.get("cuda_graph")))
@@ -196,7 +197,8 @@ def run(model: str, dist: str | None, n: int, args, c) -> dict:
         parameters=m["parameters"], dtype=m["dtype"], amp=m["amp"], compile=m["compile"],
         tokens_per_s_per_gpu=m["tokens_per_step"] / n / median, tokens_per_s=m["tokens_per_step"] / median,
         step_ms=1e3 * median, step_ms_mean=1e3 * statistics.fmean(timed), step_ms_min=1e3 * min(timed),
-        first_step_s=m["step_s"][0], peak_memory_gib=max(peaks) / 2**30 if peaks[0] is not None else None,
+        host_ms=1e3 * max(issues) if issues else None, first_step_s=m["step_s"][0],
+        peak_memory_gib=max(peaks) / 2**30 if peaks[0] is not None else None,
         peak_memory_gib_per_rank=[p / 2**30 for p in peaks] if peaks[0] is not None else None,
         step_s=m["step_s"], losses=m["losses"], final_loss=m["losses"][-1])
     print(f"  {result['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, first step {result['first_step_s']:.1f} s, "
@@ -213,9 +215,11 @@ def merge_rounds(rounds: list[dict]) -> dict:
     if len(rounds) == 1:
         return rounds[0]
     merged = dict(measured[0])
-    for key in ("tokens_per_s_per_gpu", "tokens_per_s", "step_ms"):
-        merged[key] = statistics.median(r[key] for r in measured)
-    merged["rounds"] = [{k: r.get(k) for k in ("tokens_per_s_per_gpu", "step_ms", "first_step_s", "wall_s", "error")
+    for key in ("tokens_per_s_per_gpu", "tokens_per_s", "step_ms", "host_ms"):
+        values = [r[key] for r in measured if r.get(key) is not None]
+        merged[key] = statistics.median(values) if values else None
+    merged["rounds"] = [{k: r.get(k) for k in ("tokens_per_s_per_gpu", "step_ms", "host_ms", "first_step_s", "wall_s",
+                                               "error")
                          if r.get(k) is not None} for r in rounds]
     return merged
 
@@ -284,8 +288,8 @@ def table(results: dict) -> str:
     weights = f"{m['dtype']} weights" + (" + bfloat16 autocast" if any(r.get("amp") for r in runs.values()) else "")
     lines = [f"{m['parameters'] / 1e6:.1f}M-parameter GPT, T={m['block_size']}, batch {m['batch_per_gpu']} per GPU, "
              f"{weights}, {m['device']}, torch {m['torch']}, triton {m['triton']}",
-             f"  {'run':18s} {'tok/s/GPU':>10s} {'tok/s':>10s} {'efficiency':>10s} {'ms/step':>8s} {'peak GiB':>9s} "
-             f"{'1st step s':>10s} {'run s':>6s} {'loss':>7s}"]
+             f"  {'run':18s} {'tok/s/GPU':>10s} {'tok/s':>10s} {'efficiency':>10s} {'ms/step':>8s} {'host ms':>8s} "
+             f"{'peak GiB':>9s} {'1st step s':>10s} {'run s':>6s} {'loss':>7s}"]
     for name, r in runs.items():
         if "tokens_per_s_per_gpu" not in r:
             error = r["error"].splitlines()[0][:150]
@@ -298,8 +302,9 @@ def table(results: dict) -> str:
         ddp = runs.get(f"{r['model']} {config_name('ddp', r['gpus'])}", {}).get("peak_memory_gib")
         if r["dist"] == "fsdp" and r["peak_memory_gib"] is not None and ddp is not None and r["peak_memory_gib"] >= ddp:
             mem += "!"
+        host = f"{r['host_ms']:.1f}" if r.get("host_ms") is not None else "-"
         lines.append(f"  {name:18s} {r['tokens_per_s_per_gpu']:>10,.0f} {r['tokens_per_s']:>10,.0f} {eff:>10s} "
-                     f"{r['step_ms']:8.1f} {mem:>9s} {r['first_step_s']:10.1f} {r['wall_s']:6.0f} "
+                     f"{r['step_ms']:8.1f} {host:>8s} {mem:>9s} {r['first_step_s']:10.1f} {r['wall_s']:6.0f} "
                      f"{r['final_loss']:7.3f}")
     for what, why in results["skipped"].items():
         lines.append(f"  {what:18s} skipped: {why}")

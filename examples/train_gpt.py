@@ -349,6 +349,7 @@ def train(args) -> list[float]:
         bar = tqdm(total=args.steps, initial=start)
     tokens, t0 = 0, time.perf_counter()
     step_s, last = [], t0  # each step's wall-clock seconds: the loss's .item() waits for the step
+    issue_s = []  # and the host's part of it: the step issued, before the loss is read
     graphed, warmup = None, DDP_WARMUP if args.dist == "ddp" else WARMUP
     for step in steps:
         x, y = batch(train_data, args.batch_size, args.block_size, gen, device, group)
@@ -363,6 +364,7 @@ def train(args) -> list[float]:
             if graphed is None:
                 graphed = capture(model, optimizer, x, y, amp, side)
             loss = graphed(x, y)
+        issue_s.append(time.perf_counter() - last)
         losses.append(distributed.mean(loss).item())
         step_s.append(time.perf_counter() - last)
         last = time.perf_counter()
@@ -379,7 +381,7 @@ def train(args) -> list[float]:
         bar.close()
 
     if args.metrics:
-        write_metrics(args, group, device, step_s, losses[start:], n_params)
+        write_metrics(args, group, device, step_s, issue_s, losses[start:], n_params)
     if not args.no_save:
         config = vars(distributed.unwrap(model).config)
         distributed.save(ckpt_path, model, optimizer, {**run_state(gen, losses, end), "config": config},
@@ -401,14 +403,17 @@ def train(args) -> list[float]:
 
 
 def write_metrics(args, group: distributed.Group, device: torch.device, step_s: list[float],
-                  losses: list[float], n_params: int) -> None:
+                  issue_s: list[float], losses: list[float], n_params: int) -> None:
     """--metrics: rank 0 writes this run's step times (seconds, the first one with any compiling and
-    tuning), losses, global tokens per step and each rank's peak GPU memory (bytes, CUDA only) to
-    args.metrics. Every rank calls it (the peaks are gathered)."""
+    tuning), each rank's host issue times (seconds from a step's start until the host has launched
+    it, before the loss is read: near the step time, the host sets the pace), losses, global tokens
+    per step and each rank's peak GPU memory (bytes, CUDA only) to args.metrics. Every rank calls it
+    (the peaks and issue times are gathered)."""
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    peaks = [peak] * group.world
+    peaks, issues = [peak] * group.world, [issue_s] * group.world
     if group.world > 1:
         torch.distributed.all_gather_object(peaks, peak)
+        torch.distributed.all_gather_object(issues, issue_s)
     if group.main:
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         args.metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -417,7 +422,7 @@ def write_metrics(args, group: distributed.Group, device: torch.device, step_s: 
             "dtype": args.dtype, "amp": args.amp, "compile": args.compile and compile_scope(args),
             "cuda_graph": args.cuda_graph, "parameters": n_params,
             "tokens_per_step": args.batch_size * args.block_size, "step_s": step_s, "losses": losses,
-            "peak_memory_bytes": peaks}))
+            "issue_s_per_rank": issues, "peak_memory_bytes": peaks}))
 
 
 @torch.no_grad()
