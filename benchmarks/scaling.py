@@ -27,7 +27,9 @@ loss) and every rank's peak memory (torch.cuda.max_memory_allocated: weights, gr
 state, activations; not NCCL's buffers). Per run: tokens/s per GPU = batch per GPU * T / (median
 time of the ``--steps`` steps after ``--warmup`` untimed ones, the first included), scaling
 efficiency = (tokens/s per GPU on N GPUs) / (tokens/s on 1 GPU) of the same model, the peak memory
-per GPU (the max over ranks), the first step's time (kernel compiling and autotuning: triton tunes
+per GPU (the max over ranks), the host's issue time (``host ms``: the slowest rank's median time
+from a step's start until the host has launched it, before the loss is read; near the step time,
+the host sets the pace), the first step's time (kernel compiling and autotuning: triton tunes
 in each process, ~50 s for GPT-2 on an H100 unless its disk cache already holds the picks, which
 the first triton run writes) and the whole run's wall time. Targets: DDP's efficiency >= 0.90 on 2
 GPUs; FSDP2's peak memory per GPU below DDP's.
