@@ -224,7 +224,7 @@ FUSED_MODES = ("fused", "unfused", "eager", "compile")  # benchmarks/fused.py's 
 def rows_from_fused(results: dict) -> list[dict]:
     """The rows of a ``benchmarks/fused.py`` fused.json: a forward and backward of each fused op, each
     fused variant against its backend's unfused composition (ratio: their time over ours). Older runs
-    held the LM head and loss only, its shape as N, d, V."""
+    held the LM head and loss only, its shape as N, d, V (the same label: N x d x V)."""
     meta = results["meta"]
     rows = []
     for r in results["fused"]:
@@ -232,7 +232,7 @@ def rows_from_fused(results: dict) -> list[dict]:
             continue
         backend, _, mode = r["variant"].partition(":")
         op = r.get("op", "linear_cross_entropy")
-        shape = " x ".join(map(str, r["shape"])) if "shape" in r else f"N{r['N']} d{r['d']} V{r['V']}"
+        shape = " x ".join(map(str, r["shape"] if "shape" in r else (r["N"], r["d"], r["V"])))
         rows.append(_clean(dict(
             op=op, backend=backend, shape=shape, dtype=meta["dtype"],
             direction="fwd+bwd", mode=mode, ms=_round(r["ms"]),
@@ -327,6 +327,9 @@ def rows_from_file(path: Path) -> list[dict]:
 RUN_FIELDS = ("versions", "commit")  # a run's, kept once on its run line, not on each of its points
 
 
+_LEGACY_LM_HEAD = re.compile(r"^N(\d+) d(\d+) V(\d+)$")
+
+
 def load(path: Path = HISTORY) -> list[dict]:
     """Every measured point, each with its run's versions and commit."""
     if not path.exists():
@@ -340,6 +343,8 @@ def load(path: Path = HISTORY) -> list[dict]:
             run, same, columns = row["run"], row.get("same", {}), row.get("columns", [])
             continue
         point = {**same, **{k: v for k, v in zip(columns, row) if v is not None}} if isinstance(row, list) else row
+        if isinstance(point.get("shape"), str):  # fused.py's LM head before 2026-11-29: "N16384 d768 V50304"
+            point["shape"] = _LEGACY_LM_HEAD.sub(r"\1 x \2 x \3", point["shape"])
         rows.append({**point, **{k: run[k] for k in ("device", "date", *RUN_FIELDS) if k in run}})
     return rows
 
