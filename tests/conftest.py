@@ -118,12 +118,14 @@ def pytest_collection_modifyitems(config, items):
     # unfused loss (21 s), whose two halves test_gpt_fused_false_runs_each_op_alone (unfused against
     # fused) and test_gpt_matches_python_backend_and_torch_nn (fused) run on triton already.
     # The triton attention cases in float16 as well: under the interpreter half tiles are upcast to
-    # float32 (UPCAST), so float16 walks bfloat16's path, which stays (with float32).
+    # float32 (UPCAST), so float16 walks bfloat16's path, which stays (with float32). And the triton
+    # count of kernels and copies per GPT step (16 s): the GPU runs count them (-m "slow or not slow").
     slow = pytest.mark.slow
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if params.get("backend") == "triton" and (
-                params.get("arch") == "llama" or item.originalname == "test_gpt_fused_and_unfused_loss_agree"
+                params.get("arch") == "llama" or item.originalname in ("test_gpt_fused_and_unfused_loss_agree",
+                                                                       "test_kernels_and_copies_per_step")
                 or (item.module.__name__ == "test_attention" and params.get("dtype") == torch.float16)):
             item.add_marker(slow)
     skip = pytest.mark.skip(reason="realistic-size GPU test: needs CUDA")

@@ -1,6 +1,7 @@
 """benchmarks/gpt.py: its FLOP count (MFU's numerator) by hand, and a CPU smoke run of a tiny model."""
 import argparse
 
+import pytest
 import torch
 
 from benchmarks import gpt
@@ -35,6 +36,7 @@ def test_tiny_run_on_cpu(tmp_path):
     assert result["meta"]["flops_per_token"] > 0 and (tmp_path / "gpt.json").exists()
 
 
+@pytest.mark.slow  # 15 s of new processes on 2 cores; the GPU runs of benchmarks.gpt --cold-start exercise it too
 def test_cold_start_runs_each_model_in_a_new_process(tmp_path):
     """--cold-start: each model's first eager step, measured by a second process of the script."""
     result = gpt.main(["--out", str(tmp_path), "--tiny", "--device", "cpu", "--backends", "python",
@@ -56,6 +58,7 @@ def test_ab_medians_per_side_and_speedup():
     assert row["speedup"] == 1.5
 
 
+@pytest.mark.slow  # 15 s of new processes on 2 cores; every benchmarks.ab run on the GPU exercises it too
 def test_ab_runs_both_checkouts_in_turns(tmp_path):
     """The base is a checkout (here: this tree itself); each side's gpt.json is kept, rounds in turns."""
     from pathlib import Path
