@@ -76,20 +76,23 @@ def train_gpt():
     return common.load("examples/train_gpt.py")
 
 
-def torch_nn_worker(argv: list[str]) -> None:
-    """One process of a torch.nn run: train_gpt.py's ``train`` with the torch.nn twin in place of
-    kcourse's GPT, which it builds first (the same seed, so the same initial weights) to load them."""
-    tg = train_gpt()
-    kcourse_gpt = tg.GPT
-
+def twin_of(kcourse_gpt):
+    """A builder of the torch.nn twin (``tests/torch_reference.py``) with the initial weights that
+    ``kcourse_gpt(config, backend)`` would have (the same seed: it builds one first and loads them)."""
     def twin(config, backend=None):
         initial = kcourse_gpt(config, backend=backend).state_dict()
         model = gpt.torch_reference().GPT(config)
         model.load_state_dict(initial)
         model.config = config
         return model
+    return twin
 
-    tg.GPT = twin
+
+def torch_nn_worker(argv: list[str]) -> None:
+    """One process of a torch.nn run: train_gpt.py's ``train`` with the torch.nn twin in place of
+    kcourse's GPT (``twin_of``)."""
+    tg = train_gpt()
+    tg.GPT = twin_of(tg.GPT)
     try:
         tg.train(tg.parse_args(argv))
     finally:

@@ -49,8 +49,7 @@ def train(*argv) -> list[float]:
 def _rank(rank: int, port: int, device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> None:
     """Rank ``rank`` of 2: every distributed run of the test (with the further arguments ``extra``),
     in one process group; what it saw goes to ``tmp/rank<rank>.json``."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, 2, port)
     torch.set_num_threads(1)
     seen = {}
     for backend in backends:
@@ -72,24 +71,37 @@ def _rank(rank: int, port: int, device: str, backends: tuple[str, ...], extra: t
     except ValueError as e:
         seen["mismatched backends"] = str(e)
     (tmp / f"rank{rank}.json").write_text(json.dumps(seen))
-    torch.distributed.barrier()  # both ranks done with every collective before either leaves the group
+    _leave(rank, 2, tmp)
+
+
+def _as_torchrun_rank(rank: int, world: int, port: int) -> None:
+    """This process's environment as torchrun sets it for rank ``rank`` of ``world`` on this host."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+def _leave(rank: int, world: int, tmp: Path) -> None:
+    """Leave the process group once every rank is done with its collectives. Rank 0's process holds
+    the group's TCPStore: it exits only once the others have left (a rank aborted now and then in its
+    teardown, "terminate called without an active exception", when the store went away first)."""
+    torch.distributed.barrier()
     distributed.finish()
-    # Rank 0's process holds the group's TCPStore: it exits only once rank 1 has left the group (rank 1
-    # aborted now and then in its teardown, "terminate called without an active exception", when the
-    # store went away first)
     (tmp / f"left{rank}").touch()
     for _ in range(600 if rank == 0 else 0):
-        if (tmp / "left1").exists():
+        if all((tmp / f"left{r}").exists() for r in range(1, world)):
             break
         time.sleep(0.1)
 
 
-def two_ranks(device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> dict:
-    """Run ``_rank`` on two processes; returns what rank 0 saw, after checking rank 1 saw the same."""
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, device, backends, extra, tmp), nprocs=2)  # a failing rank stops the other
+        return s.getsockname()[1]
+
+
+def two_ranks(device: str, backends: tuple[str, ...], extra: tuple[str, ...], tmp: Path) -> dict:
+    """Run ``_rank`` on two processes; returns what rank 0 saw, after checking rank 1 saw the same."""
+    mp.spawn(_rank, args=(_free_port(), device, backends, extra, tmp), nprocs=2)  # a failing rank stops the other
     seen = [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert seen[0] == seen[1], "the ranks disagree on the global losses"
     return seen[0]
@@ -141,14 +153,12 @@ def test_ddp_and_fsdp_on_two_gpus(tmp_path):
 
 def _graphed_rank(rank: int, world: int, port: int, backend: str, steps: int, tmp: Path) -> None:
     """Rank ``rank`` of ``world``: --dist ddp --cuda-graph on its GPU; rank 0 writes the losses."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     losses = train("--device", "cuda", "--backend", backend, "--dist", "ddp", "--cuda-graph", "--steps", steps,
                    "--out", tmp / "graphed")
     if rank == 0:
         (tmp / "graphed.json").write_text(json.dumps(losses))
-    torch.distributed.barrier()
-    distributed.finish()
+    _leave(rank, world, tmp)
 
 
 @pytest.mark.gpu
@@ -161,10 +171,7 @@ def test_ddp_replayed_as_a_cuda_graph(world, tmp_path):
     backend = next((b for b in ("triton", "cute", "pytorch") if kcourse.backends()[b].available), "pytorch")
     steps = train_gpt().DDP_WARMUP + 3
     eager = train("--device", "cuda", "--backend", backend, "--steps", steps, "--out", tmp_path / "eager")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_graphed_rank, args=(world, port, backend, steps, tmp_path), nprocs=world)
+    mp.spawn(_graphed_rank, args=(world, _free_port(), backend, steps, tmp_path), nprocs=world)
     graphed = json.loads((tmp_path / "graphed.json").read_text())
     assert len(graphed) == steps
     torch.testing.assert_close(graphed, eager, rtol=LOSS_RTOL, atol=0)

@@ -20,18 +20,9 @@ import time
 
 import torch
 
-from benchmarks import common, gpt
+from benchmarks import common
+from benchmarks.scaling import twin_of
 from kcourse import distributed
-
-
-def twin_of(kcourse_gpt):
-    """The torch.nn twin built with the initial weights ``kcourse_gpt`` would have."""
-    def twin(config, backend=None):
-        model = gpt.torch_reference().GPT(config)
-        model.load_state_dict(kcourse_gpt(config, backend=backend).state_dict())
-        model.config = config
-        return model
-    return twin
 
 
 def main() -> None:
