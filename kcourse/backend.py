@@ -188,3 +188,12 @@ def _kernel(name: str, op: str) -> Callable:
 def backward_kernel(name: str, op: str) -> Callable | None:
     """``<op>_backward`` of the backend's module, or None for a composite of differentiable ops."""
     return getattr(module(name, op), f"{op}_backward", None)
+
+
+@functools.lru_cache(maxsize=None)
+def autograd_kernel(name: str, op: str) -> Callable | None:
+    """``<op>_autograd`` of the backend's module, or None. Where a backend has one, an eager call that
+    wants a gradient runs it in place of the op's autograd formula: it returns the op's outputs
+    recorded by ATen's autograd, a node per ATen kernel in C++ (the pytorch backend's ops are ATen's
+    kernels), or None where those kernels do not meet the op contract (the formula runs then)."""
+    return getattr(module(name, op), f"{op}_autograd", None) if op in OPS else None

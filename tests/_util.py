@@ -138,3 +138,26 @@ def import_benchmarks(*names: str) -> tuple:
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(Path(__file__).resolve().parents[1]))
         return tuple(importlib.import_module(f"benchmarks.{name}") for name in names)
+
+
+def spy_aten_recorded(monkeypatch) -> list:
+    """The (backend, op) of each eager call that a backend recorded with ATen's autograd
+    (``kcourse.backend.autograd_kernel`` answering, not None), appended as the calls run."""
+    import kcourse.backend as backend_module
+
+    seen, real = [], backend_module.autograd_kernel
+
+    def spied(name, op):
+        kernel = real(name, op)
+        if kernel is None:
+            return None
+
+        def run(*args):
+            out = kernel(*args)
+            if out is not None:
+                seen.append((name, op))
+            return out
+        return run
+
+    monkeypatch.setattr(backend_module, "autograd_kernel", spied)
+    return seen

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kcourse import blas
-from _util import ALL_DTYPES, DEVICE, assert_close, raises, randn, require_dtype
+from _util import ALL_DTYPES, DEVICE, assert_close, raises, randn, require_dtype, spy_aten_recorded
 
 ACTIVATIONS = [None, "gelu", "gelu_tanh", "relu", "silu"]
 TORCH_ACT = {None: lambda z: z, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
@@ -105,10 +105,13 @@ def test_frozen_weight(backend):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_backward_spends_the_cache(backend, activation):
+def test_backward_spends_the_cache(backend, activation, monkeypatch):
     """Eagerly, the backward writes dz over the pre-activation z it saved (no second (M, N) tensor):
     the gradients are right, and a second backward through the same graph is refused by autograd,
-    not answered from the overwritten z. Without an activation nothing is saved beyond x and W."""
+    not answered from the overwritten z. Without an activation nothing is saved beyond x and W.
+    Recorded by ATen's autograd (the pytorch backend on CUDA) the graph is ATen's: a second backward
+    runs, as torch's."""
+    recorded = spy_aten_recorded(monkeypatch)
     x, weight, bias = randn(6, 10).requires_grad_(), randn(4, 10).requires_grad_(), randn(4).requires_grad_()
     dy = randn(6, 4)
     y = blas.linear(x, weight, bias, activation, backend=backend)
@@ -116,8 +119,8 @@ def test_backward_spends_the_cache(backend, activation):
     expected = run(torch_linear(activation), x, weight, bias, dy)[1:]
     for g, e, k in zip(got, expected, (16, 24, 24)):
         assert_close(g, e, k=k)
-    if activation is None:
-        torch.autograd.grad(y, [x], dy)
+    if activation is None or recorded:
+        assert_close(torch.autograd.grad(y, [x], dy)[0], expected[0], k=16)
     else:
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             torch.autograd.grad(y, [x], dy)

@@ -95,7 +95,12 @@ def heads_like(t: torch.Tensor, shape=None) -> torch.Tensor:
 
 def is_like_heads(x: torch.Tensor, t: torch.Tensor) -> bool:
     """Is ``x`` laid out as ``heads_like(t)`` (dims of extent 1 aside, as ``is_contiguous`` judges)?"""
-    return x.transpose(1, 2).is_contiguous() if token_major(t) else x.is_contiguous()
+    return is_like_heads_order(x, token_major(t))
+
+
+def is_like_heads_order(x: torch.Tensor, token_major_order: bool) -> bool:
+    """Is ``x`` in the heads layout of that order (``heads_strides``)?"""
+    return x.transpose(1, 2).is_contiguous() if token_major_order else x.is_contiguous()
 
 
 def laid_out_like_heads(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

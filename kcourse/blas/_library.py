@@ -269,8 +269,14 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # (a tenso
 
 
 def _run(name: str, args: tuple, requires_grad: bool):
-    """The op's implementation, inside its autograd Function when a gradient is wanted."""
+    """The op's implementation, inside its autograd Function when a gradient is wanted; or, where the
+    backend records the op with ATen's autograd (``backends.autograd_kernel``), that."""
     if requires_grad and torch.is_grad_enabled():
+        composite = backends.autograd_kernel(args[-1], name)
+        if composite is not None:
+            out = composite(*args[:-1])
+            if out is not None:
+                return out
         apply = APPLY.get(name)
         if apply is not None:
             return apply(*args)

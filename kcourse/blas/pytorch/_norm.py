@@ -42,6 +42,14 @@ def add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return torch.add(x, residual).contiguous()
 
 
+def aten_autograd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> bool:
+    """May a norm of x run under ATen's autograd (``<op>_autograd``)? On CUDA, where ATen's kernels
+    meet the contract, with some element, and unless a bias wants a gradient that the weight does
+    not: ATen's CUDA column sums then give dbias wrongly past 65536 rows (torch 2.11, ``layer_norm.py``)."""
+    return x.is_cuda and x.numel() > 0 and (
+        bias is None or not bias.requires_grad or (weight is not None and weight.requires_grad))
+
+
 def norm_backward(dout, x, weight, mean, rstd, needs):
     """``(dx, dweight, dbias)``, each None unless ``needs`` asks; ``mean`` is None for rms_norm."""
     d = x.shape[-1]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import _cache
+from .. import _cache, _layout
 
 # SDPA's cuDNN backend is left out: on an H100 with torch 2.11 its backward returned wrong bfloat16
 # gradients in our GPU tests (dq off by up to 6 at T = 2048..8192, head dim 128; see also
@@ -205,3 +205,34 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
         wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(_sdpa(*inputs, causal, scale), wanted, aligned(dout)))
     return tuple(next(grads) if n else None for n in needs)
+
+
+
+def _grads_ordered(token_major: bool):
+    """A tensor hook giving a (B, H, T, D) gradient the heads layout of its input (``_layout``): a
+    copy only where it has another. It keeps the layout's order, not the input (no reference cycle)."""
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        if g is None or _layout.is_like_heads_order(g, token_major):
+            return g
+        return g.new_empty_strided(g.shape, _layout.heads_strides(g.shape, token_major)).copy_(g)
+    return hook
+
+
+_GRAD_HOOKS = {order: _grads_ordered(order) for order in (False, True)}
+
+
+def attention_autograd(q, k, v, kv_len, causal: bool, scale: float):
+    """``[out]`` of ATen's flash attention kernel recorded by ATen's autograd
+    (``kcourse.backend.autograd_kernel``), where the forward above calls that kernel (``keeps_lse``):
+    its backward is the same flash backward from the same out and lse. Tensor hooks keep the op's
+    layouts: the gradient reaching the kernel ``aligned`` (CUDA), those of q, k and v laid out as
+    q, k and v order heads and tokens, as the output is. Else None."""
+    if not keeps_lse(q, k, v, kv_len, causal, scale):
+        return None
+    for t in (q, k, v):
+        if t.requires_grad:
+            t.register_hook(_GRAD_HOOKS[_layout.token_major(t)])
+    out = _flash(q, k, v, causal, scale)[0]
+    if out.is_cuda:
+        out.register_hook(aligned)
+    return [_layout.laid_out_like_heads(out, q)]

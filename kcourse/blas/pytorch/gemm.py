@@ -5,6 +5,8 @@ cuBLAS may reduce float16/bfloat16 split-K partial sums in half precision (PyTor
 default); kcourse promises float32 accumulation, so those reductions are switched off for the call
 and the user's setting is given back after it, whole (``reduced_precision_off``).
 """
+import threading
+
 import torch
 
 # the cuBLAS flag of each half type, through torch's C functions rather than the Python properties of
@@ -31,6 +33,39 @@ def reduced_precision_off(dtype: torch.dtype) -> tuple | None:
 def restore(dtype: torch.dtype, state: tuple | None) -> None:
     if state is not None:
         _FLAGS[dtype][1](*state)
+
+
+class _Backward(threading.local):
+    states: list  # per thread: the settings to give back, pushed before a node's products, popped after
+
+
+_BACKWARD = _Backward()
+
+
+def _node_hooks(dtype: torch.dtype):
+    """The pre- and post-hook of an autograd node whose products must sum ``dtype`` in float32."""
+    def off(grad_outputs):
+        _BACKWARD.__dict__.setdefault("states", []).append(reduced_precision_off(dtype))
+
+    def on(grad_inputs, grad_outputs):
+        restore(dtype, _BACKWARD.states.pop())
+
+    return off, on
+
+
+_HOOKS = {dtype: _node_hooks(dtype) for dtype in _FLAGS}
+
+
+def sums_in_float32(z: torch.Tensor) -> torch.Tensor:
+    """``z``, made by ATen's autograd from a product (``torch.mm``, ``torch.addmm``): its node's backward
+    products then run with cuBLAS's half-precision reductions off, as this module's gemm does (a pre-hook
+    switches them off, a post-hook gives the setting back; the autograd engine runs a node's hooks on
+    the thread that runs the node)."""
+    if z.is_cuda and z.dtype in _FLAGS and z.grad_fn is not None:
+        off, on = _HOOKS[z.dtype]
+        z.grad_fn.register_prehook(off)
+        z.grad_fn.register_hook(on)
+    return z
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, alpha: float, beta: float,

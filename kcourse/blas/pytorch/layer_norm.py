@@ -13,8 +13,9 @@ kernel adds each column up in one running float32 sum, ~20x the error at 66k row
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,  dbias = sum_rows dy
 """
 import torch
+import torch.nn.functional as F
 
-from ._norm import aten_ready, norm_backward, stat_shape
+from ._norm import aten_autograd, aten_ready, norm_backward, stat_shape
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float):
@@ -43,3 +44,9 @@ def layer_norm_backward(dout, cache, needs, eps):
         dya, xa, x.shape[-1:], mean.reshape(stat_shape(x)), rstd.reshape(stat_shape(x)), wa, bias, mask)
     return tuple(None if g is None or not need else g if g.dtype == x.dtype else g.to(x.dtype)
                  for g, need in zip(grads, needs))
+
+
+def layer_norm_autograd(x, weight, bias, eps):
+    """``[F.layer_norm(x)]`` recorded by ATen's autograd (``kcourse.backend.autograd_kernel``): the same
+    kernels, where ``_norm.aten_autograd`` allows; else None."""
+    return [F.layer_norm(x, x.shape[-1:], weight, bias, eps)] if aten_autograd(x, weight, bias) else None

@@ -12,7 +12,7 @@ xhat = x * rstd, g = dy * weight:
 import torch
 import torch.nn.functional as F
 
-from ._norm import norm_backward, stat_shape, upcast
+from ._norm import aten_autograd, norm_backward, stat_shape, upcast
 
 _aten = torch.ops.aten
 FUSED = hasattr(_aten, "_fused_rms_norm") and hasattr(_aten, "_fused_rms_norm_backward")
@@ -40,3 +40,15 @@ def rms_norm_backward(dout, cache, needs, eps):
                                                      weight, list(needs))
         return dx, dweight
     return norm_backward(dout, x, weight, None, rstd, (*needs, False))[:2]
+
+
+
+def autograd_ready(x, weight) -> bool:
+    """Do ATen's fused kernels run here (``_fused``) and may they run under its autograd (``_norm.aten_autograd``)?"""
+    return _fused(x) and aten_autograd(x, weight)
+
+
+def rms_norm_autograd(x, weight, eps):
+    """``[aten._fused_rms_norm(x)]`` recorded by ATen's autograd (``kcourse.backend.autograd_kernel``): the
+    same kernels, where ``autograd_ready``; else None."""
+    return [_aten._fused_rms_norm(x, list(x.shape[-1:]), weight, eps)[0]] if autograd_ready(x, weight) else None
