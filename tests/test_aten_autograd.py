@@ -125,3 +125,18 @@ def test_backward_products_sum_in_float32(dtype):
         assert flag(get()) is True
     finally:
         set_(*state)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_linear_takes_its_formula_while_a_graph_is_captured(monkeypatch):
+    """A replay costs no host time: under capture linear runs its own formula (less GPU time)."""
+    recorded = spy_aten_recorded(monkeypatch)
+    x, w, b = _t(64, 32, dtype=torch.bfloat16), _t(48, 32, dtype=torch.bfloat16), _t(48, dtype=torch.bfloat16)
+    blas.linear(x, w, b, backend="pytorch").sum().backward()  # eagerly: recorded, and cuBLAS is warm
+    assert recorded == [("pytorch", "linear")]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = blas.linear(x, w, b, backend="pytorch")
+    assert recorded == [("pytorch", "linear")] and type(y.grad_fn).__name__ == "linear_functionBackward"
+    graph.replay()
+    torch.testing.assert_close(y, torch.addmm(b, x, w.t()), rtol=1.6e-2, atol=1e-2)
