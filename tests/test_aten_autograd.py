@@ -140,3 +140,13 @@ def test_linear_takes_its_formula_while_a_graph_is_captured(monkeypatch):
     assert recorded == [("pytorch", "linear")] and type(y.grad_fn).__name__ == "linear_functionBackward"
     graph.replay()
     torch.testing.assert_close(y, torch.addmm(b, x, w.t()), rtol=1.6e-2, atol=1e-2)
+
+
+def test_no_hook_stays_on_the_inputs():
+    """The hooks live on each call's own autograd node: inputs used again (leaves, say) collect none."""
+    q, k, v = (_t(1, 2, 13, 16, dtype=torch.float32) for _ in range(3))
+    x, w = _t(5, 8, dtype=torch.float32), _t(6, 8, dtype=torch.float32)
+    for _ in range(3):
+        blas.attention(q, k, v, causal=True, backend="pytorch").sum().backward()
+        blas.linear(x, w, backend="pytorch").sum().backward()
+    assert all(not t._backward_hooks for t in (q, k, v, x, w))

@@ -28,6 +28,7 @@ other backends' answer); SDPA returns zeros instead, so that case does not reach
 Tq = 0 or Tk = 0 there is no score: the same empty or zero results as for any scale.)
 """
 import functools
+import itertools
 import math
 
 import torch
@@ -208,31 +209,41 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
 
 
 
-def _grads_ordered(token_major: bool):
-    """A tensor hook giving a (B, H, T, D) gradient the heads layout of its input (``_layout``): a
-    copy only where it has another. It keeps the layout's order, not the input (no reference cycle)."""
-    def hook(g: torch.Tensor) -> torch.Tensor:
-        if g is None or _layout.is_like_heads_order(g, token_major):
-            return g
-        return g.new_empty_strided(g.shape, _layout.heads_strides(g.shape, token_major)).copy_(g)
-    return hook
+
+def _in_heads_order(g: torch.Tensor | None, token_major: bool) -> torch.Tensor | None:
+    """``g`` (B, H, T, D) in the heads layout of that order (``_layout.heads_strides``): itself, or a copy."""
+    if g is None or _layout.is_like_heads_order(g, token_major):
+        return g
+    return g.new_empty_strided(g.shape, _layout.heads_strides(g.shape, token_major)).copy_(g)
 
 
-_GRAD_HOOKS = {order: _grads_ordered(order) for order in (False, True)}
+def _node_hooks(orders: tuple[bool, bool, bool]):
+    """The pre- and post-hook of a flash attention node whose q, k and v have these heads orders:
+    the incoming gradient ``aligned``, the gradients of q, k and v laid out as those inputs are. They
+    keep the orders, not the tensors (the node would otherwise hold its inputs beyond its backward)."""
+    def pre(grad_outputs):
+        return (None if grad_outputs[0] is None else aligned(grad_outputs[0]), *grad_outputs[1:])
+
+    def post(grad_inputs, grad_outputs):
+        return tuple(_in_heads_order(g, order) for g, order in zip(grad_inputs, orders))
+
+    return pre, post
+
+
+_HOOKS = {orders: _node_hooks(orders) for orders in itertools.product((False, True), repeat=3)}
 
 
 def attention_autograd(q, k, v, kv_len, causal: bool, scale: float):
     """``[out]`` of ATen's flash attention kernel recorded by ATen's autograd
     (``kcourse.backend.autograd_kernel``), where the forward above calls that kernel (``keeps_lse``):
-    its backward is the same flash backward from the same out and lse. Tensor hooks keep the op's
-    layouts: the gradient reaching the kernel ``aligned`` (CUDA), those of q, k and v laid out as
+    its backward is the same flash backward from the same out and lse. Hooks on that call's node keep
+    the op's layouts: the gradient reaching it ``aligned`` (CUDA), those of q, k and v laid out as
     q, k and v order heads and tokens, as the output is. Else None."""
     if not keeps_lse(q, k, v, kv_len, causal, scale):
         return None
-    for t in (q, k, v):
-        if t.requires_grad:
-            t.register_hook(_GRAD_HOOKS[_layout.token_major(t)])
     out = _flash(q, k, v, causal, scale)[0]
+    pre, post = _HOOKS[(_layout.token_major(q), _layout.token_major(k), _layout.token_major(v))]
     if out.is_cuda:
-        out.register_hook(aligned)
+        out.grad_fn.register_prehook(pre)
+    out.grad_fn.register_hook(post)
     return [_layout.laid_out_like_heads(out, q)]
