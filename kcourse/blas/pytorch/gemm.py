@@ -60,7 +60,8 @@ def sums_in_float32(z: torch.Tensor) -> torch.Tensor:
     """``z``, made by ATen's autograd from a product (``torch.mm``, ``torch.addmm``): its node's backward
     products then run with cuBLAS's half-precision reductions off, as this module's gemm does (a pre-hook
     switches them off, a post-hook gives the setting back; the autograd engine runs a node's hooks on
-    the thread that runs the node)."""
+    the thread that runs the node). A node whose backward raises (out of memory) runs no post-hook:
+    the reductions then stay off, the stricter setting, until the user sets them again."""
     if z.is_cuda and z.dtype in _FLAGS and z.grad_fn is not None:
         off, on = _HOOKS[z.dtype]
         z.grad_fn.register_prehook(off)
