@@ -208,8 +208,6 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     return tuple(next(grads) if n else None for n in needs)
 
 
-
-
 def _in_heads_order(g: torch.Tensor | None, token_major: bool) -> torch.Tensor | None:
     """``g`` (B, H, T, D) in the heads layout of that order (``_layout.heads_strides``): itself, or a copy."""
     if g is None or _layout.is_like_heads_order(g, token_major):

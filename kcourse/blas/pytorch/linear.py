@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _host
-from .gelu import gelu, gelu_backward
 from .._layout import rows_of
+from .gelu import gelu, gelu_backward
 from .gemm import _FLAGS, gemm, reduced_precision_off, restore, sums_in_float32
 from .gemv import gemv
 from .relu import relu, relu_backward

@@ -42,7 +42,6 @@ def rms_norm_backward(dout, cache, needs, eps):
     return norm_backward(dout, x, weight, None, rstd, (*needs, False))[:2]
 
 
-
 def autograd_ready(x, weight) -> bool:
     """Do ATen's fused kernels run here (``_fused``) and may they run under its autograd (``_norm.aten_autograd``)?"""
     return _fused(x) and aten_autograd(x, weight)
