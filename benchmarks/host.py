@@ -39,6 +39,11 @@ def cases(device):
                           lambda b, x, y: blas.cross_entropy(x, y, backend=b), lambda x, y: F.cross_entropy(x, y)),
         "layer_norm": (lambda: (t(8, 64), t(64), t(64)), lambda b, x, w, c: blas.layer_norm(x, w, c, backend=b),
                        lambda x, w, c: F.layer_norm(x, (64,), w, c)),
+        "add_layer_norm": (lambda: (t(8, 64), t(8, 64), t(64), t(64)),  # a block's residual add and norm
+                           lambda b, x, r, w, c: blas.add_layer_norm(x, r, w, c, backend=b)[0],
+                           lambda x, r, w, c: F.layer_norm(x + r, (64,), w, c)),
+        "linear": (lambda: (t(8, 64), t(32, 64), t(32)),  # the MLP's first projection and its GELU
+                   lambda b, x, w, c: blas.linear(x, w, c, "gelu", backend=b), lambda x, w, c: F.gelu(F.linear(x, w, c))),
         "rms_norm": (lambda: (t(8, 64), t(64)), lambda b, x, w: blas.rms_norm(x, w, backend=b),
                      lambda x, w: F.rms_norm(x, (64,), w, 1e-6)),
         "gelu": (lambda: (t(8, 64),), lambda b, x: blas.gelu(x, backend=b), F.gelu),
@@ -69,14 +74,14 @@ def per_call(fn, calls: int, rounds: int, device) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default="pytorch,triton,cute")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     available = kcourse.backends()
     rows = []
     for op, (make, ours, theirs) in cases(args.device).items():
@@ -109,7 +114,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-    (out / "host.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    result = {"meta": meta, "rows": rows}
+    (out / "host.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -107,6 +107,19 @@ def test_index_check_rows(bench, tmp_path):
     assert json.loads((tmp_path / "index_check.json").read_text()) == result
 
 
+def test_host_rows(tmp_path):
+    """benchmarks/host.py: a row per op, direction and backend, each a positive time beside torch's,
+    the model's linear (with its GELU) and residual add + norm among them."""
+    host, = import_benchmarks("host")
+    result = host.main(["--out", str(tmp_path), "--device", "cpu", "--backends", "pytorch", "--calls", "2",
+                        "--rounds", "1"])
+    ops = set(host.cases("cpu"))
+    assert {"linear", "add_layer_norm"} <= ops
+    assert {(r["op"], r["direction"]) for r in result["rows"]} == {(op, d) for op in ops for d in ("fwd", "fwd+bwd")}
+    assert all(r["us_per_call"] > 0 and r["torch_us_per_call"] > 0 for r in result["rows"]), result["rows"]
+    assert json.loads((tmp_path / "host.json").read_text()) == result
+
+
 def test_readme_training_ratios_are_each_mode_s_newest_day():
     from benchmarks import history
 
