@@ -105,7 +105,14 @@ def is_like_heads_order(x: torch.Tensor, token_major_order: bool) -> bool:
 
 def laid_out_like_heads(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``x`` (of ``t``'s layout rule's shape) in ``heads_like(t)``'s layout: itself, or a copy."""
-    return x if is_like_heads(x, t) else heads_like(t, x.shape).copy_(x)
+    return in_heads_order(x, token_major(t))
+
+
+def in_heads_order(x: torch.Tensor, token_major_order: bool) -> torch.Tensor:
+    """``x`` (B, H, T, D) in the heads layout of that order (``heads_strides``): itself, or a copy."""
+    if is_like_heads_order(x, token_major_order):
+        return x
+    return x.new_empty_strided(x.shape, heads_strides(x.shape, token_major_order)).copy_(x)
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:

@@ -208,13 +208,6 @@ def attention_backward(dout: torch.Tensor, cache, needs, causal: bool, scale: fl
     return tuple(next(grads) if n else None for n in needs)
 
 
-def _in_heads_order(g: torch.Tensor | None, token_major: bool) -> torch.Tensor | None:
-    """``g`` (B, H, T, D) in the heads layout of that order (``_layout.heads_strides``): itself, or a copy."""
-    if g is None or _layout.is_like_heads_order(g, token_major):
-        return g
-    return g.new_empty_strided(g.shape, _layout.heads_strides(g.shape, token_major)).copy_(g)
-
-
 def _node_hooks(orders: tuple[bool, bool, bool]):
     """The pre- and post-hook of a flash attention node whose q, k and v have these heads orders:
     the incoming gradient ``aligned``, the gradients of q, k and v laid out as those inputs are. They
@@ -223,7 +216,7 @@ def _node_hooks(orders: tuple[bool, bool, bool]):
         return (None if grad_outputs[0] is None else aligned(grad_outputs[0]), *grad_outputs[1:])
 
     def post(grad_inputs, grad_outputs):
-        return tuple(_in_heads_order(g, order) for g, order in zip(grad_inputs, orders))
+        return tuple(g if g is None else _layout.in_heads_order(g, order) for g, order in zip(grad_inputs, orders))
 
     return pre, post
 

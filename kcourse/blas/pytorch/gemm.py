@@ -36,7 +36,8 @@ def restore(dtype: torch.dtype, state: tuple | None) -> None:
 
 
 class _Backward(threading.local):
-    states: list  # per thread: the settings to give back, pushed before a node's products, popped after
+    def __init__(self):
+        self.states = []  # per thread: the settings to give back, pushed before a node's products, popped after
 
 
 _BACKWARD = _Backward()
@@ -45,7 +46,7 @@ _BACKWARD = _Backward()
 def _node_hooks(dtype: torch.dtype):
     """The pre- and post-hook of an autograd node whose products must sum ``dtype`` in float32."""
     def off(grad_outputs):
-        _BACKWARD.__dict__.setdefault("states", []).append(reduced_precision_off(dtype))
+        _BACKWARD.states.append(reduced_precision_off(dtype))
 
     def on(grad_inputs, grad_outputs):
         restore(dtype, _BACKWARD.states.pop())
