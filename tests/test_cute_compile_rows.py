@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
 from kcourse.blas import tuning  # noqa: E402
-from kcourse.blas.cute import _compile, _rows  # noqa: E402
+from kcourse.blas.cute import _compile, _reduce, _rows  # noqa: E402
 from _cute import compiled_kernels, t  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -188,8 +188,55 @@ def test_cluster_rows_compile(monkeypatch, op, dtype):
     factory = "_cross_entropy_factory" if op == "cross_entropy" else "_softmax_factory"
     forward_plans = plans(seen, factory)
     assert {p.one_pass for p in forward_plans} == {True, False} and {p.vec for p in forward_plans} > {1}
-    assert all(1 < p.cluster <= _rows.CLUSTER_MAX and p.tpr == p.threads == _rows.THREADS for p in forward_plans)
+    most = _rows.CLUSTER_MAX_SM90 if op != "cross_entropy" and dtype == torch.float32 else _rows.CLUSTER_MAX
+    assert all(1 < p.cluster <= most and p.tpr == p.threads == _rows.THREADS for p in forward_plans)
     assert all(p.cluster > 1 for p in plans(seen, factory.replace("_factory", "_backward_factory")))
+
+
+def test_clusters_of_16_where_measured(monkeypatch):
+    # Hopper's clusters of 16 CTAs a row (split_rows's ``most``) where experiments/cluster_16.py measured
+    # them faster (H200): float32 softmax forwards and every softmax backward whose rows need more than 8
+    # shares, 16-bit norm forwards of at most one row an SM; elsewhere at most 8. The plans alone, nothing
+    # compiled (a spy stands for the compiler).
+    seen = []
+
+    class Recorded:
+        def check(self, args):
+            pass
+
+    def spy(factory, key, *args):
+        seen.append((factory.__name__, key))
+        return Recorded()
+
+    monkeypatch.setattr(_compile, "compile_only", spy)
+
+    def clusters(call):
+        """{factory: (cluster, one_pass, threads)} of the kernels ``call`` launches."""
+        seen.clear()
+        with _compile.compiling_only():
+            call()
+        return {name: (p.cluster, p.one_pass, p.threads) for name, key in seen for p in key
+                if isinstance(p, _rows.Plan)}
+
+    softmax, softmax_backward = op_functions("softmax")
+
+    def softmax_both(dtype):
+        y, cache = softmax(torch.zeros(4, 262144, dtype=dtype), -1)
+        softmax_backward(torch.zeros(4, 262144, dtype=dtype), cache, (True,), -1)
+
+    # forward: float32 in 16 shares of 16384, each kept (read once), bf16 over 8 CTAs sweeping theirs; backward: 16
+    assert clusters(lambda: softmax_both(torch.float32)) == {"_softmax_factory": (16, True, _rows.THREADS),
+                                                             "_softmax_backward_factory": (16, True, _rows.THREADS)}
+    assert clusters(lambda: softmax_both(torch.bfloat16)) == {"_softmax_factory": (8, False, _rows.THREADS),
+                                                              "_softmax_backward_factory": (16, True, _rows.THREADS)}
+    rms_norm = op_functions("rms_norm")[0]
+
+    def norm(rows, dtype):
+        return clusters(lambda: rms_norm(torch.zeros(rows, 262144, dtype=dtype), None, eps=1e-6))["_norm_forward_factory"]
+
+    assert norm(64, torch.bfloat16) == (16, True, _rows.THREADS)  # a few 16-bit rows: 16 kept shares
+    assert norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16)[:2] == (1, False)  # more rows than SMs: a CTA sweeps a row
+    assert norm(64, torch.float32) == (8, True, _rows.SHARE_THREADS)  # float32: 8 wide CTAs keep their shares
 
 
 def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
@@ -209,8 +256,8 @@ def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
 
 # rows kept on chip; 12000: chunked backward; 20000: a forward over a cluster of 5 CTAs (two rows:
 # SMs to fill), a chunked backward; 262144: in float32 a cluster of 8 CTAs of 512 threads, in 16 bits
-# swept in chunks by one CTA, as 300000 in every dtype. Other layouts than contiguous: the first
-# and the fourth only (compile time)
+# (two rows: fewer than SMs) a cluster of 16; 300000 swept in chunks by one CTA in every dtype. Other
+# layouts than contiguous: the first and the fourth only (compile time)
 NORM_SHAPES = [(7, 33), (3, 5, 1000), (2, 12000), (2, 20000), (2, 262144), (2, 300000)]
 
 
@@ -240,8 +287,8 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
     clustered = {(p.cluster, p.threads) for p in forward_plans if p.cluster > 1}
     assert all(p.one_pass for p in forward_plans if p.cluster > 1)
     if layout == "contiguous":
-        wide = {(8, _rows.SHARE_THREADS)} if dtype == torch.float32 else set()
-        assert clustered == {(5, _rows.THREADS)} | wide
+        long = {(8, _rows.SHARE_THREADS)} if dtype == torch.float32 else {(16, _rows.THREADS)}
+        assert clustered == {(5, _rows.THREADS)} | long
         assert any(not p.one_pass and p.cluster == 1 for p in forward_plans)
     else:
         assert clustered == {(5, _rows.THREADS)}

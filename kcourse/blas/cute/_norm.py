@@ -74,10 +74,10 @@ from .. import _host, tuning
 from .._layout import rows_of
 from . import _compile, _reduce
 from .axpby import axpby
-from ._rows import (FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes, chunk_predicate, cluster_allreduce,
-                    cluster_buffer, cluster_rank, cluster_started, combine_sum, load_chunk, masked, plan,
-                    reduction_buffer, row_allreduce, row_arguments, row_cluster, row_copy, row_grid, row_thread,
-                    row_views, split_rows, spread_row, store_chunk, to_registers)
+from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes,
+                    chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
+                    load_chunk, masked, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster, row_copy,
+                    row_grid, row_thread, row_views, split_rows, spread_row, store_chunk, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -587,7 +587,11 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     y2 = _compile.Operand.new(x2.shape, x2.dtype)
     vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
     plan_ = spread_row(plan_, x2.shape[1], launch.row_threads)  # a row that fills a CTA: over 512 threads
-    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4)
+    # clusters of 16 for a few (<= SMs) 16-bit rows past 8 shares: 1.3-1.9x at 64 and 128 x 262144; more
+    # rows, or float32 (already one pass over 8 CTAs of 512 threads), ran slower so (docs/rms_norm.md)
+    few = x2.element_size() == 2 and x2.shape[0] <= sms
+    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4,
+                       most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args

@@ -55,7 +55,8 @@ triton's kernels have it), 0.2-0.6% faster.
 
 A cluster of CTAs per row (``split_rows``, sm_90+)
 --------------------------------------------------
-A row longer than MAX_ONE_PASS is spread over C <= 8 CTAs (``Plan.cluster``) when there are too few
+A row longer than MAX_ONE_PASS is spread over C CTAs (``Plan.cluster``; C <= 8, the largest portable
+cluster, or up to 16 on Hopper where an op measured it faster: ``split_rows``) when there are too few
 rows to give every SM a CTA, or when C CTAs can each keep their share in registers where one CTA
 would sweep the row twice (softmax: shares of at most 16384 elements forward, 8192 backward). CTA
 ``r`` of a row's C (consecutive along x, launched as one thread block cluster) takes its
@@ -66,7 +67,9 @@ as at 16384 columns (ptxas for sm_90a: 92 registers, no spills: one CTA an SM); 
 graphed: rms_norm 0.31 ms against 0.41 swept by one CTA a row, layer_norm 0.40 against 0.46. In
 16 bits the sweep's second read of a 512 KB row mostly hits L2 and the same split measured slower
 (layer_norm 0.25 against 0.21 ms; softmax 0.21 against 0.18 over a cluster of CTAs sweeping their
-shares), so those keep the sweep. The CTAs' partial results meet through distributed shared memory
+shares), so those keep the sweep, but for a few rows (at most one a SM), which clusters of 16 read
+once: 64 x 262144 bf16 rms_norm 0.034 against 0.065 ms (2026-11-29, experiments/cluster_16.py).
+The CTAs' partial results meet through distributed shared memory
 (``cluster_allreduce``): after its own reduction, thread ``p`` of each CTA writes the CTA's
 (m, s) -- or row sum -- into slot [r] of CTA ``p``'s buffer (``mapa`` + ``st.shared::cluster``),
 one cluster barrier (arrive.release, wait.acquire) publishes them, and every CTA combines the C
@@ -128,6 +131,9 @@ MAX_ONE_PASS = 16384  # the longest row kept in registers: 64 elements per threa
 MAX_N = 2**31 - 2**24  # row lengths (and column indices) are 32-bit
 ACROSS_ROWS = 32  # rows per CTA when a row's threads are spread across warps (Plan.across)
 CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable cluster
+# ... and where an op asks (``split_rows``'s ``most``), Hopper's largest cluster (non-portable: the CuTe
+# DSL allows it on every kernel), for a row whose shares fit the registers only over 16 CTAs
+CLUSTER_MAX_SM90 = 16
 SHARE_THREADS = 512  # a float32 norm forward's CTA whose share of a clustered row exceeds MAX_ONE_PASS (split_rows)
 BACKWARD_THREADS = 512  # softmax backward: CTAs over rows kept in registers, at most VALUES elements a thread
 FORWARD_ROW_THREADS = 512  # forwards: a row kept in registers that fills a CTA is spread over this many (spread_row)
@@ -214,7 +220,7 @@ def clusters_supported() -> bool:
 
 
 def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: int | None = None,
-               wide: bool = False) -> Plan:
+               wide: bool = False, most: int = CLUSTER_MAX) -> Plan:
     """``plan_`` (for ``m`` rows of ``n`` elements) with each row spread over several CTAs -- a
     cluster, whose CTAs combine their partial results through distributed shared memory -- where
     that pays: for rows longer than one CTA keeps in registers (shorter rows are left alone),
@@ -227,9 +233,11 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: i
       row once anyway: 0; its backward, which needs no reduction, 8192: more CTAs, more loads in
       flight);
 
-    the larger of the two, at most ``CLUSTER_MAX``. A share that fits in registers is one chunk
-    (the CTA count is then the number of chunks); so is a share of up to twice that where ``wide``
-    asks (the float32 norm forwards), over CTAs of ``SHARE_THREADS``; a longer one is swept in chunks. The rule and its
+    the larger of the two, fill at most ``CLUSTER_MAX`` (8), keep at most ``most`` (8, or Hopper's 16,
+    ``CLUSTER_MAX_SM90``, where an op's measurements chose it: docs/softmax.md). A share that fits in
+    registers is one chunk (the CTA count is then the number of chunks); so is a share of up to twice
+    that where ``wide`` asks (the float32 norm forwards), over CTAs of ``SHARE_THREADS``; a longer one
+    is swept in chunks. The rule and its
     measurements: docs/softmax.md, "A few long rows, or many very long ones". ``cluster`` (an op's
     ``Launch.cluster``): instead of the rule, that many CTAs for any row of at least as many vectors,
     short rows included. Before sm_90 (no clusters): ``plan_``."""
@@ -239,7 +247,7 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: i
     if cluster is None:
         fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
         keep = -(-n // min(share, longest)) if share else 1
-        cluster = min(CLUSTER_MAX, max(fill, keep))
+        cluster = max(min(CLUSTER_MAX, fill), min(most, keep))
     else:
         cluster = min(cluster, -(-n // plan_.vec))
     if cluster < 2:
@@ -721,21 +729,24 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
 
 
 def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int,
-                threads: int = THREADS, spread: int = THREADS, cluster: int | None = None) -> torch.Tensor:
+                threads: int = THREADS, spread: int = THREADS, cluster: int | None = None,
+                most: int = CLUSTER_MAX) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
     ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
     ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``);
     ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread;
     ``spread``: the threads a row kept in registers that fills a CTA is spread over (``spread_row``);
-    ``cluster``: CTAs per row instead of ``split_rows``'s rule (``Launch.cluster``)."""
+    ``cluster``: CTAs per row instead of ``split_rows``'s rule (``Launch.cluster``); ``most``: that rule's
+    largest cluster for a row's shares to fit."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
     tensors = (*inputs, out)
     planned = rows_plan(op, factory, tuple(_compile.Operand.of(t) for t in tensors), dim, log, share, threads,
-                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), cluster)
+                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), cluster, most)
     if planned is None:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
-        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread, cluster)
+        return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread, cluster,
+                           most)
     key, align, numbers = planned
     _compile.launch(factory, key, _compile.stream_of(out), *(_compile.pointer(t, align) for t in tensors), *numbers)
     return out
@@ -743,7 +754,7 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
 
 @_compile.plan_cache
 def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, spread: int, sms: int,
-              arch: str, cluster: int | None) -> tuple | None:
+              arch: str, cluster: int | None, most: int = CLUSTER_MAX) -> tuple | None:
     """``(key, align, numbers)`` of ``launch_rows``'s launch for ``tensors`` (the inputs and the
     output, as ``_compile.Operand``s): the compile key, the bytes each pointer promises, the numbers
     after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``:
@@ -764,7 +775,7 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
     vec = row_vector_width(tensors, N, row_strides, col_strides)
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
-    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share, cluster)
+    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share, cluster, most=most)
     if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
             and plan_.vpt * plan_.vec <= VALUES:
         plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
@@ -776,8 +787,10 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
 def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     """The cute ``softmax``/``log_softmax`` forward: ``(y, (y,))``."""
     launch = tuning.launch(op)
+    # clusters of 16 for float32 rows past 8 shares (read once: 0.79 -> 0.95 of quack's time at 512 x
+    # 262144); 16-bit ones gained nothing forward (docs/softmax.md)
     y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=launch.row_threads,
-                    cluster=launch.cluster)
+                    cluster=launch.cluster, most=CLUSTER_MAX_SM90 if x.element_size() == 4 else CLUSTER_MAX)
     return y, (y,)
 
 
@@ -787,4 +800,5 @@ def softmax_rows_backward(op: str, dy: torch.Tensor, cache, needs, dim: int, log
     launch = tuning.launch(op)
     # the backward holds y and dy: half the forward's share of a long row per CTA
     return (launch_rows(op, _softmax_backward_factory, [y, dy], dim, log, share=MAX_ONE_PASS // 2,
-                        threads=launch.backward_threads, cluster=launch.cluster) if needs[0] else None,)
+                        threads=launch.backward_threads, cluster=launch.cluster, most=CLUSTER_MAX_SM90)
+            if needs[0] else None,)
