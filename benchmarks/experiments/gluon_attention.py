@@ -13,20 +13,23 @@ head dims 64 and 128, odd T), then forward milliseconds against ``F.scaled_dot_p
 backend's ``tl`` kernel at T = 1k ... 16k. Without a GPU (``--compile-only``) each variant is compiled
 for sm_90a through ``kcourse.blas.triton._launch.compiling_only``, with Triton 3.6 and 3.9 alike.
 
-Measured (H200, Triton 3.6, 82868c8; docs/attention.md "Why these defaults"): every check passes;
-forward at D = 128, bf16, T = 1k-16k, two runs: 0.36-0.68 of SDPA's speed (overlapped 0.42-0.71),
-where the ``tl`` kernel gives 0.54-0.82: one partition cannot overlap the loads and the softmax with
-the products. Not yet measured on a GPU (``FORWARDS`` lists the forward schedules the run checks
-and times):
-  - the mask only on the tiles that need it (``_softmax_tile``) and 64-key tiles (two CTAs per SM
-    where the registers allow);
-  - ``attention_fwd_ws_kernel``: a producer warp with 24 registers (``_fill_ring``) feeding the
-    consumer warpgroups (``_consume``) through ready/empty mbarriers, 12 warps, ``setmaxnreg``;
-  - ``attention_fwd_pp_kernel``: FlashAttention-3's partitions, two consumer warpgroups each with
-    its own 64-row query tile and the producer warp (not yet ordered against each other by named
-    barriers, as FlashAttention-3's ping-pong is);
-  - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics; the run
-    checks that two runs give the same bits).
+Measured (H200, Triton 3.6, 1e5f1d0; docs/attention.md "Why these defaults"): every schedule passes
+every check (out, lse and the gradients against the reference, causal and not, GQA, D = 64/128,
+fp16/bf16, odd T; the deterministic backward bitwise repeatable over two runs), and none is faster
+where it matters. Forward, D = 128, bf16, not causal, T = 1k / 2k / 4k / 8k / 16k, speed against SDPA:
+``pingpong`` 128 keys 0.52 / 0.62 / 0.71 / 0.77 / 0.80, ``plain`` and ``ws`` 0.49-0.69, the ``tl``
+kernel 0.57 / 0.64 / 0.74 / 0.81 / 0.73 (causal: ``pingpong`` 0.44-0.80, ``tl`` 0.57-0.78). The schedules
+(``FORWARDS``):
+  - ``plain``: one partition, the loads ``STAGES - 1`` tiles ahead; ``overlap``: FlashAttention-3's
+    in-warpgroup overlap of the next QK^T with this PV; 64- or 128-key tiles, the mask only on the
+    tiles that need it (``_softmax_tile``);
+  - ``ws`` (``attention_fwd_ws_kernel``): a producer warp with 24 registers (``_fill_ring``) feeding
+    the consumer warpgroups (``_consume``) through ready/empty mbarriers, 12 warps, ``setmaxnreg``;
+  - ``pingpong`` (``attention_fwd_pp_kernel``): FlashAttention-3's partitions, two consumer
+    warpgroups each with its own 64-row query tile and the producer warp, not yet ordered against
+    each other by named barriers as FlashAttention-3's ping-pong is: 1.1-1.2x over one partition at
+    T >= 4k; below 4k what limits every schedule is not yet profiled;
+  - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
     m' = max(m, rowmax S)    P = exp2(S - m')    l' = l exp2(m - m') + rowsum P    O' = O exp2(m - m') + P V
