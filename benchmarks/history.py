@@ -213,8 +213,10 @@ def rows_from_host(results: dict) -> list[dict]:
         rows.append(_clean(dict(
             op=r["op"], backend=r["backend"], shape="host, tiny operands", dtype="bfloat16", direction=r["direction"],
             mode="host", ms=_round(r["us_per_call"] / 1000), baseline="torch",
-            ratio=_round(r["torch_us_per_call"] / r["us_per_call"]), device=meta["device"], date=meta["date"],
-            versions={"torch": meta["torch"]}, commit=meta.get("git_commit"))))
+            ratio=_round(r["torch_us_per_call"] / r["us_per_call"]), device=meta["device"],
+            date=meta.get("date_utc", meta.get("date")),  # (files before 2026-11-30: the day alone)
+            versions={k: meta.get(k) for k in ("torch", "triton", "cuda", "python") if meta.get(k)},
+            commit=_commit(meta))))
     return rows
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import kcourse
+from benchmarks.common import environment
 from kcourse import blas
 
 
@@ -112,8 +113,7 @@ def main(argv=None) -> dict:
                       f"   x{ours_us / base:5.2f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    meta = environment(args.device)  # device, UTC date and time, versions, git commit
     result = {"meta": meta, "rows": rows}
     (out / "host.json").write_text(json.dumps(result, indent=1))
     return result

@@ -118,6 +118,10 @@ def test_host_rows(tmp_path):
     assert {(r["op"], r["direction"]) for r in result["rows"]} == {(op, d) for op in ops for d in ("fwd", "fwd+bwd")}
     assert all(r["us_per_call"] > 0 and r["torch_us_per_call"] > 0 for r in result["rows"]), result["rows"]
     assert json.loads((tmp_path / "host.json").read_text()) == result
+    # its history rows carry the run's time of day, so two runs of one day are both kept
+    from benchmarks import history
+    rows = history.rows_from_host(result)
+    assert len(rows) == len(result["rows"]) and all(len(r["date"]) == len("2026-11-30 12:00:00") for r in rows)
 
 
 def test_readme_training_ratios_are_each_mode_s_newest_day():
