@@ -836,7 +836,7 @@ def check_and_time(out_path: str, check: bool = True, forwards=FORWARDS, variant
             q = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
             k, v = (torch.randn(B, Hkv, Tk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
             dout = torch.randn(B, H, Tq, D, device="cuda", dtype=dtype, generator=gen)
-            ref, cache = reference(q.double(), k.double(), v.double(), var["causal"], D ** -0.5)
+            ref, cache = reference(q.double(), k.double(), v.double(), None, var["causal"], D ** -0.5)
             ref_grads = reference_backward(dout.double(), cache, (True, True, True), var["causal"], D ** -0.5)
             for schedule, block_n in forwards:
                 out, lse = forward(schedule, block_n, q, k, v, var["causal"], D ** -0.5)
