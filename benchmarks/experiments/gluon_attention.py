@@ -30,6 +30,12 @@ kernel 0.57 / 0.64 / 0.74 / 0.81 / 0.73 (causal: ``pingpong`` 0.44-0.80, ``tl`` 
     warpgroups each with its own 64-row query tile and the producer warp, not yet ordered against
     each other by named barriers as FlashAttention-3's ping-pong is: 1.1-1.2x over one partition at
     T >= 4k; below 4k what limits every schedule is not yet profiled;
+  - ``pingpong-ordered``: the same partitions taking turns at the tensor cores (``_my_turn``,
+    ``_your_turn``: each consumer hands over through an mbarrier once its product is done). Every check
+    passes; slower at 5 of 6 points (H200, D = 128, bf16, T = 2k / 8k / 16k: 0.64 / 0.72 / 0.71 of
+    SDPA against 0.67 / 0.77 / 0.75 unordered; causal 0.54 / 0.74 / 0.75 against 0.66 / 0.78 / 0.71):
+    the hand-over waits for the product, where FlashAttention-3 hands over once the products are
+    issued, with the next QK^T in flight;
   - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
