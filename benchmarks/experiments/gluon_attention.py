@@ -36,6 +36,10 @@ kernel 0.57 / 0.64 / 0.74 / 0.81 / 0.73 (causal: ``pingpong`` 0.44-0.80, ``tl`` 
     SDPA against 0.67 / 0.77 / 0.75 unordered; causal 0.54 / 0.74 / 0.75 against 0.66 / 0.78 / 0.71):
     the hand-over waits for the product, where FlashAttention-3 hands over once the products are
     issued, with the next QK^T in flight;
+  - ``pingpong-overlap`` (each consumer's S of a tile issued with its P V of the tile before, the
+    softmax running while P V does: ``_consume``) and ``pingpong-fa3`` (that, the consumers
+    taking turns, each handing over once its two products are issued): FlashAttention-3's forward.
+    They compile for sm_90a; not yet run on a GPU;
   - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
@@ -261,12 +265,13 @@ def _fill_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, b, hk
 
 
 @gluon.jit
-def _my_turn(turns, ROLE: gl.constexpr, PRODUCT: gl.constexpr, ORDERED: gl.constexpr):
-    """With ``ORDERED``: wait until consumer ``ROLE`` may issue its ``PRODUCT`` (0: S, 1: PV) of a tile. The
-    two consumers strictly alternate (consumer 0's S, 1's S, 0's PV, 1's PV, ...): each wait is for one
-    arrival of the other on ``turns[ROLE]``, so the phases alternate 0, 1 with the products."""
+def _my_turn(turns, ROLE: gl.constexpr, PHASE, ORDERED: gl.constexpr):
+    """With ``ORDERED``: wait until consumer ``ROLE`` may issue its next products. The two consumers
+    strictly alternate: each wait is for one arrival of the other on ``turns[ROLE]``, so the i-th wait
+    of a consumer is for phase ``i & 1`` (``_consume``: 0 before a tile's S, 1 before its PV;
+    overlapped: the tile's index, one wait a tile)."""
     if ORDERED:
-        mbarrier.wait(turns.index(ROLE), PRODUCT)
+        mbarrier.wait(turns.index(ROLE), PHASE)
 
 
 @gluon.jit
@@ -279,11 +284,14 @@ def _your_turn(turns, ROLE: gl.constexpr, ORDERED: gl.constexpr):
 @gluon.jit
 def _consume(q_buf, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_tiles, n_full, Tk, qk_scale,
              CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-             turns, ROLE: gl.constexpr, ORDERED: gl.constexpr):
+             turns, ROLE: gl.constexpr, ORDERED: gl.constexpr, OVERLAP: gl.constexpr):
     """A consumer's loop over tiles 0 ... n_tiles - 1 of the ring for the query rows off ... held in
     ``q_buf`` (landing on ``q_bar``): S = Q K^T, the online softmax, O += P V, then the slot back to
     the producer. Returns ``(O unnormalized, m, l)``. ``ORDERED``: consumer ``ROLE`` of two takes turns
-    at the tensor cores with the other through the two mbarriers ``turns`` (``_my_turn``, ``_your_turn``)."""
+    at the tensor cores with the other through the two mbarriers ``turns`` (``_my_turn``, ``_your_turn``).
+    ``OVERLAP``: FlashAttention-3's order within the warpgroup: tile t's S and tile t - 1's P V issued
+    together, the softmax of S running while P V does; ordered, one turn a tile (its two products),
+    handed over as soon as they are issued, not done."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = q_buf.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -292,24 +300,56 @@ def _consume(q_buf, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_ti
     m_i, l_i, acc, s_zero, rows = _initial_state(off, BLOCK_M, BLOCK_N, HEAD_DIM, s_layout, o_layout)
     mbarrier.wait(q_bar, phase=0)
     q = q_buf.reshape([BLOCK_M, HEAD_DIM])
-    for t in range(n_tiles):
-        stage = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+    if OVERLAP:
+        mbarrier.wait(k_ready.index(0), 0)
         _my_turn(turns, ROLE, 0, ORDERED)
-        s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-        _your_turn(turns, ROLE, ORDERED)  # the other consumer's product runs during this softmax
-        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, k_smem.dtype,
-                                           p_layout)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
-        mbarrier.wait(v_ready.index(stage), phase)
-        _my_turn(turns, ROLE, 1, ORDERED)
-        acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        s_acc = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
         _your_turn(turns, ROLE, ORDERED)
-        mbarrier.arrive(kv_empty.index(stage), count=1)  # both products of this tile are done with it
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+        p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, 0, n_full, Tk, qk_scale, CAUSAL, k_smem.dtype,
+                                           p_layout)
+        for t in range(1, n_tiles):
+            stage, prev = t % STAGES, (t - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+            _my_turn(turns, ROLE, t & 1, ORDERED)
+            s_acc = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            _your_turn(turns, ROLE, ORDERED)
+            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc, ))  # S done; P V may still run
+            p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, k_smem.dtype,
+                                               p_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(prev), count=1)  # tile t - 1's products are done with its slot
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        _my_turn(turns, ROLE, n_tiles & 1, ORDERED)
+        acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        _your_turn(turns, ROLE, ORDERED)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+    else:
+        for t in range(n_tiles):
+            stage = t % STAGES
+            phase = (t // STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+            _my_turn(turns, ROLE, 0, ORDERED)
+            s_acc = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+            _your_turn(turns, ROLE, ORDERED)  # the other consumer's product runs during this softmax
+            p, alpha, m_i, l_i = _softmax_tile(s_acc, m_i, l_i, rows, t, n_full, Tk, qk_scale, CAUSAL, k_smem.dtype,
+                                               p_layout)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+            mbarrier.wait(v_ready.index(stage), phase)
+            _my_turn(turns, ROLE, 1, ORDERED)
+            acc = warpgroup_mma(p, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _your_turn(turns, ROLE, ORDERED)
+            mbarrier.arrive(kv_empty.index(stage), count=1)  # both products of this tile are done with it
     return acc, m_i, l_i
 
 
@@ -360,7 +400,7 @@ def attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, T
     n_full = gl.minimum(Tk // BLOCK_N, (off_m + 1) // BLOCK_N) if CAUSAL else Tk // BLOCK_N
     acc, m_i, l_i = gl.warp_specialize([
         (_consume, (q_smem, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off_m, n_tiles, n_full, Tk, qk_scale,
-                    CAUSAL, s_layout, o_layout, p_layout, kv_empty, 0, False)),
+                    CAUSAL, s_layout, o_layout, p_layout, kv_empty, 0, False, False)),
         (_ws_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, b, h, hk,
                     off_m, n_tiles)),
     ], [1], [24])
@@ -388,7 +428,8 @@ def _pp_tiles(off, Tk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.
 
 @gluon.jit
 def _pp_load(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-             turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr, ORDERED: gl.constexpr):
+             turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+             OVERLAP: gl.constexpr):
     """The producer warp: both consumers' query tiles, then the K/V tiles the later one sees, each into
     the ring slot both consumers released."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -403,12 +444,13 @@ def _pp_load(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_
 @gluon.jit
 def _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
                 turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                ROLE: gl.constexpr):
+                OVERLAP: gl.constexpr, ROLE: gl.constexpr):
     """Consumer warpgroup ``ROLE`` (0 or 1): query rows off_m + ROLE * BLOCK_M ..., every product, the
     online softmax and its own epilogue (O through its Q buffer by TMA, lse). Tiles only the other
     consumer sees (causal) are handed back to the producer as they land. ``ORDERED``: the two
     take turns at the tensor cores (``_consume``), consumer 1 letting consumer 0 start; consumer 0 keeps
-    taking its turns, without products, over the tiles it does not see."""
+    taking its turns, without products, over the tiles it does not see. ``OVERLAP``: each consumer's
+    loop overlapped (``_consume``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -429,15 +471,21 @@ def _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem,
     q_buf = q_smem.index(ROLE)
     if ROLE == 1:
         _your_turn(turns, ROLE, ORDERED)  # consumer 0 goes first
-    acc, m_i, l_i = _consume(q_buf, q_bars.index(ROLE), k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_mine, n_full,
-                             Tk, qk_scale, CAUSAL, s_layout, o_layout, p_layout, turns, ROLE, ORDERED)
+    q_bar = q_bars.index(ROLE)
+    acc, m_i, l_i = _consume(q_buf, q_bar, k_smem, v_smem, k_ready, v_ready, kv_empty, off, n_mine, n_full, Tk,
+                             qk_scale, CAUSAL, s_layout, o_layout, p_layout, turns, ROLE, ORDERED, OVERLAP)
     for t in range(n_mine, n_all):  # (waiting for the tile to land keeps each arrival in its slot's phase)
         stage = t % STAGES
         mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
         mbarrier.arrive(kv_empty.index(stage), count=1)
-        for product in gl.static_range(2):  # (only consumer 0 has tiles it does not see)
-            _my_turn(turns, ROLE, product, ORDERED)
+        # (only consumer 0 has tiles it does not see) the other's turns at them: one a tile overlapped, else two
+        if OVERLAP:
+            _my_turn(turns, ROLE, (t + 1) & 1, ORDERED)
             _your_turn(turns, ROLE, ORDERED)
+        else:
+            for product in gl.static_range(2):
+                _my_turn(turns, ROLE, product, ORDERED)
+                _your_turn(turns, ROLE, ORDERED)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
     q_buf.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))  # this consumer's Q buffer stages its O
@@ -451,29 +499,30 @@ def _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem,
 @gluon.jit
 def _pp_consume0(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
                  kv_empty, turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr,
-                 ORDERED: gl.constexpr):
+                 ORDERED: gl.constexpr, OVERLAP: gl.constexpr):
     _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-                turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED, 0)
+                turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED, OVERLAP, 0)
 
 
 @gluon.jit
 def _pp_consume1(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
                  kv_empty, turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL: gl.constexpr,
-                 ORDERED: gl.constexpr):
+                 ORDERED: gl.constexpr, OVERLAP: gl.constexpr):
     _pp_consume(q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-                turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED, 1)
+                turns, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED, OVERLAP, 1)
 
 
 @gluon.jit
 def attention_fwd_pp_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Tq, Tk, qk_scale,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, ORDERED: gl.constexpr,
-                            num_warps: gl.constexpr):
+                            OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """FlashAttention-3's partitions: one CTA two query tiles of BLOCK_M (64) rows of one head, each
     its own consumer warpgroup (the default partition and a 4-warp worker), fed
     by a producer warp (24 registers) through a K/V ring whose slots both consumers release
     (``kv_empty`` counts two arrivals). ``ORDERED``: the two warpgroups take turns at the tensor cores,
     one's softmax during the other's product, as FlashAttention-3's ping-pong orders them (with named
-    barriers there, mbarriers here); else the warp schedulers interleave them as they come."""
+    barriers there, mbarriers here); else the warp schedulers interleave them as they come. ``OVERLAP``:
+    each consumer overlaps its softmax with its own previous P V (``_consume``)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
@@ -502,7 +551,7 @@ def attention_fwd_pp_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, T
     fence_async_shared()
 
     args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-            turn_bars, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED)
+            turn_bars, b, h, hk, bh, off_m, Tq, Tk, qk_scale, CAUSAL, ORDERED, OVERLAP)
     # registers per thread: the default partition takes 256 (Triton 3.6's choice, read in the PTX), so
     # the workers get 24 and 224: (256 + 224 + 24) x 128 threads = what 12 warps of 168 were given
     gl.warp_specialize([(_pp_consume0, args), (_pp_load, args), (_pp_consume1, args)], [1, 4], [24, 224])
@@ -726,7 +775,8 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, overlap=True, num_warps=8,
                   compile_only=False, ws=False, pingpong=False, ordered=False):
     """``(out (B, H, Tq, D), lse (B, H, Tq) float32)`` for bf16/fp16 q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
-    whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128."""
+    whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128. ``pingpong``
+    with ``ordered``: the consumers take turns; with ``overlap``: each one's loop overlapped (``_consume``)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -739,7 +789,8 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     if pingpong:  # two 64-row consumer warpgroups and the producer's: 12 warps
         grid = (triton.cdiv(Tq, 2 * 64), B * H)
         args = (_descriptor(q, 64), args[1], args[2], _descriptor(out, 64), *args[4:])
-        kernel, options = attention_fwd_pp_kernel, dict(CAUSAL=causal, STAGES=2, ORDERED=ordered, num_warps=4,
+        kernel, options = attention_fwd_pp_kernel, dict(CAUSAL=causal, STAGES=2, ORDERED=ordered, OVERLAP=overlap,
+                                                        num_warps=4,
                                                         maxnreg=65536 // (12 * 32) // 8 * 8)
     elif ws:  # the producer warp's warpgroup joins: registers per thread <= 65536 / ((num_warps + 4) * 32)
         kernel, options = attention_fwd_ws_kernel, dict(CAUSAL=causal, STAGES=2, num_warps=num_warps,
@@ -792,16 +843,18 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # the warp schedulers interleave.
 # "ws": warp-specialized (a producer warp, ``attention_fwd_ws_kernel``), two K/V stages.
 # "pingpong": two consumer warpgroups of 64 query rows each and a producer warp (``attention_fwd_pp_kernel``);
-# "pingpong-ordered": the same, the consumers taking turns at the tensor cores.
+# "pingpong-ordered": the same, the consumers taking turns at the tensor cores; "pingpong-overlap": each
+# consumer's S of a tile issued with its P V of the one before; "pingpong-fa3": both (FlashAttention-3's).
 FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64),
-            ("pingpong", 128), ("pingpong", 64), ("pingpong-ordered", 128), ("pingpong-ordered", 64)]
+            ("pingpong", 128), ("pingpong", 64), ("pingpong-ordered", 128), ("pingpong-ordered", 64),
+            ("pingpong-overlap", 128), ("pingpong-fa3", 128)]
 
 
 def forward(schedule: str, block_n: int, *args, **kwargs):
     """``attention_fwd`` with one of ``FORWARDS``' schedules."""
-    return attention_fwd(*args, overlap=schedule == "overlap", ws=schedule == "ws",
-                         pingpong=schedule.startswith("pingpong"), ordered=schedule == "pingpong-ordered",
-                         block_n=block_n, **kwargs)
+    return attention_fwd(*args, overlap=schedule in ("overlap", "pingpong-overlap", "pingpong-fa3"),
+                         ws=schedule == "ws", pingpong=schedule.startswith("pingpong"),
+                         ordered=schedule in ("pingpong-ordered", "pingpong-fa3"), block_n=block_n, **kwargs)
 
 
 def compile_all() -> list:
