@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.util
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -54,14 +55,18 @@ def git(*args: str) -> str | None:
 def environment(device: str) -> dict:
     """Where, when and with what a run ran: the device's name, the UTC date, the versions of torch,
     triton (and transformers where installed), CUDA and Python, and the git commit (``git_dirty``:
-    files of kcourse/ changed since)."""
+    files of kcourse/ changed since), or the one ``KCOURSE_GIT_COMMIT`` names."""
     versions = {}
     for module in ("triton", "transformers"):
         try:
             versions[module] = __import__(module).__version__
         except ImportError:
             versions[module] = None
-    commit, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", "kcourse")
+    # KCOURSE_GIT_COMMIT (a full hash) names the version where the checkout's own git does not: a copy
+    # of a working tree whose .git is of another commit (the GPU machine's); the tree is then taken as clean
+    commit = os.environ.get("KCOURSE_GIT_COMMIT")
+    changes = "" if commit else git("status", "--porcelain", "--untracked-files=no", "--", "kcourse")
+    commit = commit or git("rev-parse", "HEAD")
     cuda = torch.device(device).type == "cuda"
     return {"device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),

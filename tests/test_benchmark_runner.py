@@ -107,6 +107,14 @@ def test_index_check_rows(bench, tmp_path):
     assert json.loads((tmp_path / "index_check.json").read_text()) == result
 
 
+def test_environment_takes_the_commit_it_is_given(monkeypatch):
+    """KCOURSE_GIT_COMMIT names the version where the checkout's .git is of another (a copied tree)."""
+    from benchmarks import common
+    monkeypatch.setenv("KCOURSE_GIT_COMMIT", "f" * 40)
+    meta = common.environment("cpu")
+    assert meta["git_commit"] == "f" * 40 and meta["git_dirty"] is False
+
+
 def test_host_rows(tmp_path):
     """benchmarks/host.py: a row per op, direction and backend, each a positive time beside torch's,
     the model's linear (with its GELU) and residual add + norm among them."""
