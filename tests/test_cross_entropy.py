@@ -155,15 +155,10 @@ def test_out_of_range_asserts_on_gpu(name):
 INF = float("inf")
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow")  # the interpreter's NumPy
-@pytest.mark.parametrize("V", [6, 300])
-@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
-def test_non_finite_logits(name, V, monkeypatch):
-    """One answer per row on every backend, that of logsumexp(x) - x_target: a +inf
-    logit other than the target's gives +inf (as torch.logsumexp; F.cross_entropy's log_softmax
-    gives NaN); a +inf target logit, a row of -inf or a NaN gives NaN; a -inf target logit +inf.
-    V = 300 with the triton forward's one-pass limit lowered to 64: the chunked sweep, where the +inf
-    sits in a later chunk than finite ones (its running sums drop out)."""
+def _non_finite_rows(name, V, monkeypatch):
+    """``(x (7, V), target)``: rows with +inf, -inf and NaN logits (their losses in
+    ``test_non_finite_logits``), row 6 finite. V = 300 with the triton forward's one-pass limit
+    lowered to 64: the chunked sweep, where the +inf sits in a later chunk than finite ones."""
     require_backend(name)
     if name == "triton":
         from kcourse.blas.triton import cross_entropy as triton_ce
@@ -177,12 +172,42 @@ def test_non_finite_logits(name, V, monkeypatch):
     x[3, 0] = -INF  # -inf on the target: +inf
     x[4, 1] = float("nan")  # NaN
     x[5, [1, V - 1]] = INF  # two +inf, neither the target: +inf
-    target = torch.tensor([0, 0, 1, 0, 0, 0, 2], device=DEVICE)  # row 6 finite: a finite loss
+    return x, torch.tensor([0, 0, 1, 0, 0, 0, 2], device=DEVICE)  # row 6 finite: a finite loss
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow")  # the interpreter's NumPy
+@pytest.mark.parametrize("V", [6, 300])
+@pytest.mark.parametrize("name", ["python", "pytorch", "triton", "cute"])
+def test_non_finite_logits(name, V, monkeypatch):
+    """One answer per row on every backend, that of logsumexp(x) - x_target: a +inf
+    logit other than the target's gives +inf (as torch.logsumexp; F.cross_entropy's log_softmax
+    gives NaN); a +inf target logit, a row of -inf or a NaN gives NaN; a -inf target logit +inf."""
+    x, target = _non_finite_rows(name, V, monkeypatch)
     expected = torch.logsumexp(x.double(), 1) - x.double()[torch.arange(7), target]
     loss = blas.cross_entropy(x, target, reduction="none", backend=name)
     assert loss[[0, 3, 5]].isposinf().all() and loss[[1, 2, 4]].isnan().all(), loss
     torch.testing.assert_close(loss, expected.float(), equal_nan=True)
     assert blas.cross_entropy(x[[0, 3, 6]], target[[0, 3, 6]], reduction="sum", backend=name).isposinf()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow")  # the interpreter's NumPy
+@pytest.mark.parametrize("V", [6, 300])
+@pytest.mark.parametrize("name", ["pytorch", "triton", "cute"])
+def test_non_finite_logits_gradients(name, V, monkeypatch, request):
+    """Those rows' gradients (dout 1 each) are the reference's, ``exp(x - lse) - onehot``: in a row
+    holding +inf (lse = +inf) 0 at the finite logits, NaN at the +inf ones, -1 at a finite target."""
+    if name == "pytorch":  # a known deviation, kept visible: it fails until fixed (strict)
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "ATen's log_softmax makes a row holding +inf NaN throughout, so the pytorch backend's "
+            "dlogits there are NaN where the reference's are 0; a fix costs a pass over (N, V) on every "
+            "call (no host sync may find the rows)")))
+    x, target = _non_finite_rows(name, V, monkeypatch)
+    grads = []
+    for backend in ("python", name):
+        xx = x.clone().requires_grad_()
+        blas.cross_entropy(xx, target, reduction="none", backend=backend).backward(torch.ones(7, device=DEVICE))
+        grads.append(xx.grad)
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
