@@ -38,7 +38,8 @@ kernel 0.57 / 0.64 / 0.74 / 0.81 / 0.73 (causal: ``pingpong`` 0.44-0.80, ``tl`` 
     issued, with the next QK^T in flight;
   - ``pingpong-overlap`` (each consumer's S of a tile issued with its P V of the tile before, the
     softmax running while P V does: ``_consume``) and ``pingpong-fa3`` (that, the consumers
-    taking turns, each handing over once its two products are issued): FlashAttention-3's forward.
+    taking turns, each handing over once its two products are issued): FlashAttention-3's forward;
+    ``pingpong-fa3-s3`` with three K/V slots (229,752 bytes of shared memory at D = 128, of 232,448).
     They compile for sm_90a; not yet run on a GPU;
   - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics).
 
@@ -773,10 +774,11 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128, overlap=True, num_warps=8,
-                  compile_only=False, ws=False, pingpong=False, ordered=False):
+                  compile_only=False, ws=False, pingpong=False, ordered=False, stages=2):
     """``(out (B, H, Tq, D), lse (B, H, Tq) float32)`` for bf16/fp16 q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     whose last dim has stride 1 and other strides 16-byte multiples (TMA's rules), D 64 or 128. ``pingpong``
-    with ``ordered``: the consumers take turns; with ``overlap``: each one's loop overlapped (``_consume``)."""
+    with ``ordered``: the consumers take turns; with ``overlap``: each one's loop overlapped (``_consume``);
+    ``stages``: its K/V ring's slots."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -789,7 +791,7 @@ def attention_fwd(q, k, v, causal: bool, scale: float, block_m=128, block_n=128,
     if pingpong:  # two 64-row consumer warpgroups and the producer's: 12 warps
         grid = (triton.cdiv(Tq, 2 * 64), B * H)
         args = (_descriptor(q, 64), args[1], args[2], _descriptor(out, 64), *args[4:])
-        kernel, options = attention_fwd_pp_kernel, dict(CAUSAL=causal, STAGES=2, ORDERED=ordered, OVERLAP=overlap,
+        kernel, options = attention_fwd_pp_kernel, dict(CAUSAL=causal, STAGES=stages, ORDERED=ordered, OVERLAP=overlap,
                                                         num_warps=4,
                                                         maxnreg=65536 // (12 * 32) // 8 * 8)
     elif ws:  # the producer warp's warpgroup joins: registers per thread <= 65536 / ((num_warps + 4) * 32)
@@ -844,17 +846,19 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # "ws": warp-specialized (a producer warp, ``attention_fwd_ws_kernel``), two K/V stages.
 # "pingpong": two consumer warpgroups of 64 query rows each and a producer warp (``attention_fwd_pp_kernel``);
 # "pingpong-ordered": the same, the consumers taking turns at the tensor cores; "pingpong-overlap": each
-# consumer's S of a tile issued with its P V of the one before; "pingpong-fa3": both (FlashAttention-3's).
+# consumer's S of a tile issued with its P V of the one before; "pingpong-fa3": both (FlashAttention-3's);
+# "pingpong-fa3-s3": with three K/V slots (the next tile's load need not wait for this tile's P V).
 FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64),
             ("pingpong", 128), ("pingpong", 64), ("pingpong-ordered", 128), ("pingpong-ordered", 64),
-            ("pingpong-overlap", 128), ("pingpong-fa3", 128)]
+            ("pingpong-overlap", 128), ("pingpong-fa3", 128), ("pingpong-fa3-s3", 128)]
 
 
 def forward(schedule: str, block_n: int, *args, **kwargs):
     """``attention_fwd`` with one of ``FORWARDS``' schedules."""
-    return attention_fwd(*args, overlap=schedule in ("overlap", "pingpong-overlap", "pingpong-fa3"),
-                         ws=schedule == "ws", pingpong=schedule.startswith("pingpong"),
-                         ordered=schedule in ("pingpong-ordered", "pingpong-fa3"), block_n=block_n, **kwargs)
+    fa3 = schedule.startswith("pingpong-fa3")
+    return attention_fwd(*args, overlap=schedule in ("overlap", "pingpong-overlap") or fa3, ws=schedule == "ws",
+                         pingpong=schedule.startswith("pingpong"), ordered=schedule == "pingpong-ordered" or fa3,
+                         stages=3 if schedule.endswith("-s3") else 2, block_n=block_n, **kwargs)
 
 
 def compile_all() -> list:
