@@ -36,6 +36,23 @@ def compiled_kernels(monkeypatch) -> list:
     return seen
 
 
+def recorded_kernels(monkeypatch) -> list:
+    """Record the (factory name, key) of every kernel ``_compile`` is asked for, compiling none (the
+    plans alone; the compile tests check that the keys build)."""
+    seen = []
+
+    class Recorded:
+        def check(self, args):
+            pass
+
+    def record(factory, key, *args):
+        seen.append((factory.__name__, key))
+        return Recorded()
+
+    monkeypatch.setattr(_compile, "compile_only", record)
+    return seen
+
+
 def fresh_plans(monkeypatch, module, *names):
     """Give ``module``'s planners ``names`` (``_compile.plan_cache``) an empty cache for the test: plans
     made under a decision the test patches must not outlive it, nor plans made before be used under it."""

@@ -14,7 +14,7 @@ pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip instal
 
 from kcourse.blas import tuning  # noqa: E402
 from kcourse.blas.cute import _compile, _reduce, _rows  # noqa: E402
-from _cute import compiled_kernels, t  # noqa: E402
+from _cute import compiled_kernels, recorded_kernels, t  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (dtype, layout): every dtype contiguous (128-bit accesses), and each other layout (scalar or
@@ -197,18 +197,8 @@ def test_clusters_of_16_where_measured(monkeypatch):
     # Hopper's clusters of 16 CTAs a row (split_rows's ``most``) where experiments/cluster_16.py measured
     # them faster (H200): float32 softmax forwards and every softmax backward whose rows need more than 8
     # shares, 16-bit norm forwards of at most one row an SM; elsewhere at most 8. The plans alone, nothing
-    # compiled (a spy stands for the compiler).
-    seen = []
-
-    class Recorded:
-        def check(self, args):
-            pass
-
-    def spy(factory, key, *args):
-        seen.append((factory.__name__, key))
-        return Recorded()
-
-    monkeypatch.setattr(_compile, "compile_only", spy)
+    # compiled.
+    seen = recorded_kernels(monkeypatch)
 
     def clusters(call):
         """{factory: (cluster, one_pass, threads)} of the kernels ``call`` launches."""

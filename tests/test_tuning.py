@@ -12,22 +12,13 @@ pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip instal
 
 from kcourse.blas.cute import _compile, _rows  # noqa: E402
 from kcourse.blas.cute import attention, layer_norm, log_softmax, softmax  # noqa: E402
+from _cute import recorded_kernels  # noqa: E402
 
 
 @pytest.fixture
 def keys(monkeypatch):
     """The (factory name, key) of every launch, recorded instead of compiled."""
-    seen = []
-
-    class Recorded:
-        def check(self, args):
-            pass
-
-    def record(factory, key, *args):
-        seen.append((factory.__name__, key))
-        return Recorded()
-
-    monkeypatch.setattr(_compile, "compile_only", record)
+    seen = recorded_kernels(monkeypatch)
     with _compile.compiling_only():
         yield seen
 
