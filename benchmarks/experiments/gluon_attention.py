@@ -847,17 +847,19 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # "pingpong": two consumer warpgroups of 64 query rows each and a producer warp (``attention_fwd_pp_kernel``);
 # "pingpong-ordered": the same, the consumers taking turns at the tensor cores; "pingpong-overlap": each
 # consumer's S of a tile issued with its P V of the one before; "pingpong-fa3": both (FlashAttention-3's);
-# "pingpong-fa3-s3": with three K/V slots (the next tile's load need not wait for this tile's P V).
+# a "-s3" suffix: three K/V slots (the next tile's load need not wait for this tile's P V).
 FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64),
             ("pingpong", 128), ("pingpong", 64), ("pingpong-ordered", 128), ("pingpong-ordered", 64),
-            ("pingpong-overlap", 128), ("pingpong-fa3", 128), ("pingpong-fa3-s3", 128)]
+            ("pingpong-overlap", 128), ("pingpong-fa3", 128), ("pingpong-s3", 128), ("pingpong-overlap-s3", 128),
+            ("pingpong-fa3-s3", 128)]
 
 
 def forward(schedule: str, block_n: int, *args, **kwargs):
     """``attention_fwd`` with one of ``FORWARDS``' schedules."""
-    fa3 = schedule.startswith("pingpong-fa3")
-    return attention_fwd(*args, overlap=schedule in ("overlap", "pingpong-overlap") or fa3, ws=schedule == "ws",
-                         pingpong=schedule.startswith("pingpong"), ordered=schedule == "pingpong-ordered" or fa3,
+    base = schedule.removesuffix("-s3")  # "-s3": three K/V slots
+    fa3 = base == "pingpong-fa3"
+    return attention_fwd(*args, overlap=base in ("overlap", "pingpong-overlap") or fa3, ws=base == "ws",
+                         pingpong=base.startswith("pingpong"), ordered=base == "pingpong-ordered" or fa3,
                          stages=3 if schedule.endswith("-s3") else 2, block_n=block_n, **kwargs)
 
 
