@@ -8,6 +8,11 @@ the row is swept twice. Hopper runs clusters of 16 (non-portable: the CuTe DSL s
 stay in registers: the row read once, as quack reads it.
 
     python -m benchmarks.experiments.cluster_16 OUT.json --cluster-max 16   # on a Hopper GPU, CuTe DSL installed
+    python -m benchmarks.experiments.cluster_16 OUT.json --staged on --shapes 512x262144,4096x32768
+
+``--staged on`` / ``off`` forces each op's ``Launch.staged`` (shares of up to 16384 over clusters of up
+to 16, copied into shared memory by cp.async and read from there, instead of held in registers or
+swept); the default leaves the ops' rule.
 
 Per op (rms_norm, layer_norm, softmax), dtype (bf16, float32) and shape (rows x columns: 2^27
 elements, and 64 rows of 262144): the largest error of the forward and
@@ -25,12 +30,14 @@ Measured (H200, 2026-11-29, every error level with 8's): softmax gains from 16 i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
 
 from benchmarks.timing import graph_ms
 from kcourse import blas
+from kcourse.blas import tuning
 from kcourse.blas.cute import _rows
 
 SHAPES = [(64, 262144), (128, 262144), (256, 262144), (512, 262144), (1024, 131072)]  # where the limit matters
@@ -97,23 +104,29 @@ def main():
     p.add_argument("--cluster-max", type=int, default=_rows.CLUSTER_MAX)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--no-peer", action="store_true", help="leave quack out")
+    p.add_argument("--staged", choices=["rule", "on", "off"], default="rule", help="each op's Launch.staged")
+    p.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="ROWSxCOLS,...")
     args = p.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     _rows.CLUSTER_MAX = args.cluster_max
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for op in args.ops.split(","):
         peer = None if args.no_peer else quack_call(op)
+        def staged():  # the op's Launch.staged as asked
+            return contextlib.nullcontext() if args.staged == "rule" else tuning.override(op, staged=args.staged == "on")
         for dtype in (torch.bfloat16, torch.float32):
-            for M, N in SHAPES:
+            for M, N in shapes:
                 x = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen).requires_grad_()
                 w = (1 + 0.1 * torch.randn(N, device="cuda", dtype=dtype, generator=gen)).requires_grad_()
                 b = (0.1 * torch.randn(N, device="cuda", dtype=dtype, generator=gen)).requires_grad_()
                 dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
                 row = {"op": op, "dtype": str(dtype).removeprefix("torch."), "shape": [M, N],
-                       "cluster_max": args.cluster_max}
+                       "cluster_max": args.cluster_max, "staged": args.staged}
                 try:
-                    row["y_err"], row["dx_err"] = errors(op, x, w, b, dy)
-                    row["fwd_ms"], row["fwd_bwd_ms"] = timed(lambda *a: ours(op, *a), x, w, b, dy)
+                    with staged():
+                        row["y_err"], row["dx_err"] = errors(op, x, w, b, dy)
+                        row["fwd_ms"], row["fwd_bwd_ms"] = timed(lambda *a: ours(op, *a), x, w, b, dy)
                 except Exception as e:  # noqa: BLE001 (an experiment: record what failed and go on)
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 if peer is not None:

@@ -76,8 +76,9 @@ from . import _compile, _reduce
 from .axpby import axpby
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes,
                     chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
-                    load_chunk, masked, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster, row_copy,
-                    row_grid, row_thread, row_views, split_rows, spread_row, store_chunk, to_registers)
+                    load_chunk, masked, plan, read_chunk, reduction_buffer, row_allreduce, row_arguments, row_cluster,
+                    row_copy, row_grid, row_thread, row_views, split_rows, spread_row, stage_chunk, staging_buffer,
+                    store_chunk, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -100,12 +101,17 @@ class Launch:
       ones beside the accumulators do not fit). None (the default): ``backward_launch``'s choice for
       the call; a value fixes that one field. Longer rows take ``CTAS_PER_SM`` CTAs of 256 an SM, fewer
       (down to one an SM) where few rows a CTA would make the partials rival the data (``_backward_plan``).
+    - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
+      cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
+      (cp.async) and reading it from there, for the statistics and again for y (``_rows.split_rows``'s
+      ``stage``). None (the default): the rule in ``_forward_plan``; a bool: always or never.
     """
 
     row_threads: int = FORWARD_ROW_THREADS
     backward_threads: int | None = None
     backward_ctas_per_sm: int | None = None
     backward_prefetch: bool | None = None
+    staged: bool | None = None
 
 
 LAUNCH = Launch()
@@ -162,6 +168,7 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         # mX, mY: (D, (N,)); mW, mB: (D,); mMean, mRstd: (N,) float32
         buffer = reduction_buffer(plan_, 2, stages=2)
         peers = cluster_buffer(plan_, 3)
+        sX = staging_buffer(plan_, mX.element_type)
         cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row, y_row = mX[None, (row,)], mY[None, (row,)]
@@ -173,7 +180,10 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         if const_expr(plan_.one_pass):
             c = cluster_rank(plan_)  # the row's one chunk, or this CTA's (a cluster per row)
             pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-            x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+            tXsX = None  # (staged: this thread's slice of the share in shared memory)
+            if const_expr(plan_.staged):
+                tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
+            x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
             if const_expr(plan_.cluster == 1):
                 if const_expr(center):
                     (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
@@ -191,7 +201,11 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                 (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
                                            buffer, 1)
                 _, mean, squares = cluster_allreduce((count, share_mean, squares), _combine_moments, plan_, peers)
-                if const_expr(center):
+                if const_expr(plan_.staged):  # read again: x is not held across the exchange
+                    x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
+                    if const_expr(center):
+                        x = masked(x - mean, pred, vpt)
+                elif const_expr(center):
                     x = masked(x - (mean - share_mean), pred, vpt)  # centred on the row's mean
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             y = _affine(x * rstd, _param(tiled_copy, thr, mW, c, chunk, pred),
@@ -590,8 +604,9 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     # clusters of 16 for a few (<= SMs) 16-bit rows past 8 shares: 1.3-1.9x at 64 and 128 x 262144; more
     # rows, or float32 (already one pass over 8 CTAs of 512 threads), ran slower so (docs/rms_norm.md)
     few = x2.element_size() == 2 and x2.shape[0] <= sms
+    stage = False if launch.staged is None else launch.staged
     split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4,
-                       most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX)
+                       most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args

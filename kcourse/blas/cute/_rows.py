@@ -155,11 +155,16 @@ class Launch:
     - ``backward_threads``: the backward's CTA over rows kept in registers, at most ``VALUES``
       elements a thread; default ``BACKWARD_THREADS`` (512: twice the rows of 256, the same work a
       thread); 256: as the forward.
+    - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
+      cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
+      (cp.async) and reading it from there twice (``split_rows``'s ``stage``). None (the default): the
+      rule in ``softmax_rows``; a bool: always or never.
     """
 
     cluster: int | None = None
     row_threads: int = FORWARD_ROW_THREADS
     backward_threads: int = BACKWARD_THREADS
+    staged: bool | None = None
 
 
 LAUNCH = Launch()
@@ -178,6 +183,7 @@ class Plan(NamedTuple):
     across: bool = False  # a row's threads are ROWS apart (consecutive threads on consecutive rows)
     cluster: int = 1  # CTAs per row (a cluster of them, see split_rows); each sweeps its share of the chunks
     threads: int = THREADS  # threads per CTA
+    staged: bool = False  # a clustered row's one-chunk shares go through shared memory (cp.async: stage_chunk)
 
     @property
     def rows(self) -> int:  # rows per CTA (1 with a cluster per row)
@@ -220,7 +226,7 @@ def clusters_supported() -> bool:
 
 
 def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: int | None = None,
-               wide: bool = False, most: int = CLUSTER_MAX) -> Plan:
+               wide: bool = False, most: int = CLUSTER_MAX, stage: bool = False) -> Plan:
     """``plan_`` (for ``m`` rows of ``n`` elements) with each row spread over several CTAs -- a
     cluster, whose CTAs combine their partial results through distributed shared memory -- where
     that pays: for rows longer than one CTA keeps in registers (shorter rows are left alone),
@@ -240,10 +246,16 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: i
     is swept in chunks. The rule and its
     measurements: docs/softmax.md, "A few long rows, or many very long ones". ``cluster`` (an op's
     ``Launch.cluster``): instead of the rule, that many CTAs for any row of at least as many vectors,
-    short rows included. Before sm_90 (no clusters): ``plan_``."""
+    short rows included. ``stage`` (vector accesses only): shares of up to ``MAX_ONE_PASS`` over up to
+    ``CLUSTER_MAX_SM90`` CTAs of ``THREADS``, each share copied into shared memory by cp.async and read
+    from there (``Plan.staged``, ``stage_chunk``) rather than held in registers. Before sm_90 (no
+    clusters): ``plan_``."""
     longest = MAX_ONE_PASS if plan_.vec > 1 else THREADS * VALUES  # as plan(): 8192 with scalar accesses
     if plan_.across or (n <= longest and cluster is None) or not clusters_supported():
         return plan_
+    stage = stage and plan_.vec > 1
+    if stage:
+        most, wide = CLUSTER_MAX_SM90, False
     if cluster is None:
         fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
         keep = -(-n // min(share, longest)) if share else 1
@@ -260,7 +272,7 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: i
         vpt = _reduce.pow2_at_least(-(-per_cta // (plan_.vec * threads)))
         plan_ = plan_._replace(tpr=threads, vpt=vpt, one_pass=True, threads=threads)
         cluster = -(-n // plan_.chunk)  # the chunk was rounded up: as many CTAs as chunks
-    return plan_._replace(cluster=cluster) if cluster > 1 else plan_
+    return plan_._replace(cluster=cluster, staged=stage and plan_.one_pass) if cluster > 1 else plan_
 
 
 def row_vector_width(tensors, n: int, row_strides, col_strides) -> int:
@@ -341,6 +353,37 @@ def reduction_buffer(plan_: Plan, values: int, stages: int = 1):
     warps = plan_.threads // _reduce.WARP
     shape = (plan_.tpr, plan_.rows, values) if const_expr(plan_.across) else (stages, warps, values)
     return smem.allocate_tensor(Float32, cute.make_ordered_layout(shape, order=(2, 1, 0)), byte_alignment=16)
+
+
+def staging_buffer(plan_: Plan, dtype):
+    """Shared memory for this CTA's share of a row (``Plan.staged``): (chunk,) of ``dtype``; None for
+    a plan not staged. Call before any branch."""
+    if const_expr(not plan_.staged):
+        return None
+    smem = cutlass.memory.SmemAllocator()
+    return smem.allocate_tensor(dtype, cute.make_layout((plan_.chunk,)), byte_alignment=16)
+
+
+def stage_chunk(dtype, plan_: Plan, lane, row: cute.Tensor, index, pred: cute.Tensor, sX: cute.Tensor) -> cute.Tensor:
+    """Copy chunk ``index`` of ``row`` into ``sX`` by cp.async (this thread's vectors on ``pred``) and
+    wait for it; returns this thread's slice of ``sX``, ``((VEC, 1), VPT)``, for ``read_chunk``. Each
+    thread reads back only the vectors it copied, so no barrier: the loads are all in flight at
+    once, and nothing of them occupies registers between the reads."""
+    g2s = row_copy(dtype, plan_, to_shared=True).get_slice(lane)
+    tXsX = g2s.partition_D(sX)
+    cute.copy(g2s, g2s.partition_S(cute.local_tile(row, (plan_.chunk,), (index,))), tXsX, pred=pred)
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)
+    return tXsX
+
+
+def read_chunk(tiled_copy: cute.TiledCopy, thr, row: cute.Tensor, index, chunk: cutlass.Constexpr[int],
+               pred: cute.Tensor, fill, staged: cute.Tensor | None = None) -> cute.Tensor:
+    """``load_chunk``, or with ``staged`` (this thread's slice of the chunk in shared memory,
+    ``stage_chunk``) the same values from there."""
+    if const_expr(staged is None):
+        return load_chunk(tiled_copy, thr, row, index, chunk, pred, fill)
+    return to_registers(tiled_copy, staged, pred, fill)
 
 
 def chunk_predicate(tXcX: cute.Tensor, limit, vpt: cutlass.Constexpr[int]) -> cute.Tensor:
@@ -606,6 +649,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                        tiled_copy: cute.TiledCopy):
         # mX, mY: (N, (row dims)); sizes: the row dims but the outermost, innermost first
         buffer, peers = reduction_buffer(plan_, 2, 2 if two else 1), cluster_buffer(plan_, 2)
+        sX = staging_buffer(plan_, mX.element_type)
         cluster_started(plan_)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
@@ -614,7 +658,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
         if row < M:
             n = N
         first, count = chunk_range(N, plan_)  # one pass: (the cluster rank, 1)
-        if const_expr(plan_.one_pass):
+        if const_expr(plan_.one_pass and not plan_.staged):
             pred = chunk_predicate(tXcX, n - first * chunk, vpt)
             x = load_chunk(tiled_copy, thr, x_row, first, chunk, pred, NEG_INF).load().to(Float32)
             if const_expr(two):  # (rows past M: m = -inf, e = 0; never stored)
@@ -639,11 +683,15 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                         scale = exp2f((m_t - m) * LOG2E)
                     y = e * (scale / s)
             store_chunk(tiled_copy, thr, y, y_row, first, chunk, pred)
-        else:
+        else:  # swept in chunks; or (staged) this CTA's one chunk in shared memory, read from there twice
+            tXsX = None
+            if const_expr(plan_.staged):
+                tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, first,
+                                   chunk_predicate(tXcX, n - first * chunk, vpt), sX)
             state = (Float32(NEG_INF), Float32(0.0))
             for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-                x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
+                x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF, tXsX).load().to(Float32)
                 state = online_lse(state, x)
             m, s = rows_allreduce(state, combine_lse, plan_, buffer)
             m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
@@ -651,7 +699,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
             inv_s = 1.0 / s
             for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-                x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
                 if const_expr(log):
                     y = (x - m) - log_s
                 else:
@@ -730,23 +778,23 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
 
 def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: bool, share: int,
                 threads: int = THREADS, spread: int = THREADS, cluster: int | None = None,
-                most: int = CLUSTER_MAX) -> torch.Tensor:
+                most: int = CLUSTER_MAX, stage: bool = False) -> torch.Tensor:
     """Run ``factory``'s kernel (forward or backward) over the rows along ``dim`` of the same-shape
     ``inputs``; returns the output, a new tensor laid out like ``inputs[0]`` (triton's launch_rows).
     ``share``: the most elements of a long row a CTA should keep in registers (``split_rows``);
     ``threads``: a CTA's threads where rows are kept in registers, at most ``VALUES`` a thread;
     ``spread``: the threads a row kept in registers that fills a CTA is spread over (``spread_row``);
     ``cluster``: CTAs per row instead of ``split_rows``'s rule (``Launch.cluster``); ``most``: that rule's
-    largest cluster for a row's shares to fit."""
+    largest cluster for a row's shares to fit; ``stage``: its shares staged in shared memory."""
     out = torch.empty_like(inputs[0])
     if out.numel() == 0:
         return out
     tensors = (*inputs, out)
     planned = rows_plan(op, factory, tuple(_compile.Operand.of(t) for t in tensors), dim, log, share, threads,
-                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), cluster, most)
+                        spread, _reduce.sm_count_of(out.get_device()), _compile.target(), cluster, most, stage)
     if planned is None:  # more than 4 row dims that do not merge (a permuted view of 6+ dims): copy
         return launch_rows(op, factory, [t.contiguous() for t in inputs], dim, log, share, threads, spread, cluster,
-                           most)
+                           most, stage)
     key, align, numbers = planned
     _compile.launch(factory, key, _compile.stream_of(out), *(_compile.pointer(t, align) for t in tensors), *numbers)
     return out
@@ -754,7 +802,7 @@ def launch_rows(op: str, factory, inputs: list[torch.Tensor], dim: int, log: boo
 
 @_compile.plan_cache
 def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int, threads: int, spread: int, sms: int,
-              arch: str, cluster: int | None, most: int = CLUSTER_MAX) -> tuple | None:
+              arch: str, cluster: int | None, most: int = CLUSTER_MAX, stage: bool = False) -> tuple | None:
     """``(key, align, numbers)`` of ``launch_rows``'s launch for ``tensors`` (the inputs and the
     output, as ``_compile.Operand``s): the compile key, the bytes each pointer promises, the numbers
     after the pointers; None where the row dims do not merge into 4 (the caller copies). ``arch``:
@@ -775,7 +823,7 @@ def rows_plan(op: str, factory, tensors: tuple, dim: int, log: bool, share: int,
     vec = row_vector_width(tensors, N, row_strides, col_strides)
     # rows adjacent in memory and strided columns (a softmax along dim 0, say): threads across rows
     across = M > 1 and all(c != 1 for c in col_strides) and all(s[-1] == 1 for s in row_strides)
-    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share, cluster, most=most)
+    plan_ = split_rows(plan(N, vec, col_strides, across=across), M, N, sms, share, cluster, most=most, stage=stage)
     if threads != THREADS and plan_.one_pass and plan_.cluster == 1 and not plan_.across \
             and plan_.vpt * plan_.vec <= VALUES:
         plan_ = plan_._replace(threads=threads)  # more rows a CTA, the same work a thread: see the module doc
@@ -789,8 +837,10 @@ def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     launch = tuning.launch(op)
     # clusters of 16 for float32 rows past 8 shares (read once: 0.79 -> 0.95 of quack's time at 512 x
     # 262144); 16-bit ones gained nothing forward (docs/softmax.md)
+    stage = False if launch.staged is None else launch.staged
     y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=launch.row_threads,
-                    cluster=launch.cluster, most=CLUSTER_MAX_SM90 if x.element_size() == 4 else CLUSTER_MAX)
+                    cluster=launch.cluster, most=CLUSTER_MAX_SM90 if x.element_size() == 4 else CLUSTER_MAX,
+                    stage=stage)
     return y, (y,)
 
 

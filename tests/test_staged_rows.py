@@ -1,0 +1,87 @@
+"""The cute forwards of long rows whose shares go through shared memory (``_rows.Plan.staged``:
+softmax, log_softmax, layer_norm, rms_norm over a cluster of up to 16 CTAs, each copying its share
+by cp.async and reading it from there), forced on with ``tuning.override(op, staged=True)``, against
+the python reference: forward and gradients, every dtype, ragged last shares, 4-byte vectors, rows
+of non-finite values; the staged plan is checked to be the one taken. On a GPU with clusters (sm_90+)."""
+import pytest
+import torch
+
+from kcourse import blas
+from kcourse.blas import tuning
+from _util import DEVICE, DTYPES, TOL, assert_close, randn, require_backend
+
+pytestmark = pytest.mark.gpu
+
+# 16 shares of 16384 (262144); ragged last shares (50000 over 7 CTAs of 8192, 200008 over 13 of 16384,
+# 16392 over 2, the second of 8 columns); 4-byte vectors in 16 bits (40002: 2-element accesses);
+# more rows than SMs (200 x 20008)
+SHAPES = [(2, 262144), (3, 50000), (1, 200008), (4, 16392), (2, 40002), (200, 20008)]
+OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm"]
+
+
+@pytest.fixture(autouse=True)
+def cute_with_clusters():
+    if DEVICE != "cuda":
+        pytest.skip("the cute kernels run on a GPU")
+    require_backend("cute")
+    from kcourse.blas.cute import _rows
+
+    if not _rows.clusters_supported():
+        pytest.skip("thread block clusters need sm_90+")
+
+
+def call(op, backend, x, w, b):
+    if op == "rms_norm":
+        return blas.rms_norm(x, w, eps=1e-6, backend=backend)
+    if op == "layer_norm":
+        return blas.layer_norm(x, w, b, eps=1e-5, backend=backend)
+    return getattr(blas, op)(x, -1, backend=backend)
+
+
+def results(op, backend, x, w, b, dy):
+    """The output and the gradients of x, weight and bias (the norms) pulled back from dy."""
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = call(op, backend, *leaves)
+    used = leaves if op == "layer_norm" else leaves[:2] if op == "rms_norm" else leaves[:1]
+    return [y.detach(), *torch.autograd.grad(y, used, dy)]
+
+
+def staged_plans(seen):
+    from kcourse.blas.cute import _rows
+
+    return {p.staged for name, key in seen for p in key
+            if isinstance(p, _rows.Plan) and name in ("_softmax_factory", "_norm_forward_factory")}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_staged_shares_match_the_reference(op, dtype, shape, monkeypatch):
+    from _cute import compiled_kernels
+
+    seen = compiled_kernels(monkeypatch)
+    n = shape[-1]
+    x, dy = randn(*shape, dtype=dtype).mul_(3).add_(1), randn(*shape, dtype=dtype)
+    x[:, 5] = 20.0  # a large value in the first share: the shares' maxima and means differ
+    w, b = randn(n, dtype=dtype), randn(n, dtype=dtype)
+    with tuning.override(op, staged=True):
+        got = results(op, "cute", x, w, b, dy)
+    expected = results(op, "python", x, w, b, dy)
+    for i, (a, e) in enumerate(zip(got, expected)):  # y; dx (softmax's through a sum over the row); dw, db
+        assert_close(a, e, k=shape[0] if i > 1 else n if i == 1 and "softmax" in op else 1)
+    assert staged_plans(seen) == {True}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_staged_shares_of_non_finite_rows(op, dtype):
+    # a row of -inf; +inf in the last share of a row; NaN in the first share of another; a finite row
+    x = randn(4, 50000, dtype=dtype)
+    x[0] = -torch.inf
+    x[1, 49990] = torch.inf
+    x[2, 3] = torch.nan
+    w, b = randn(50000, dtype=dtype), randn(50000, dtype=dtype)
+    with tuning.override(op, staged=True):
+        got = call(op, "cute", x, w, b)
+    expected = call(op, "python", x, w, b)
+    torch.testing.assert_close(got, expected, rtol=TOL[dtype][0], atol=TOL[dtype][1], equal_nan=True)
