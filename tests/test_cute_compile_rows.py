@@ -188,24 +188,24 @@ def test_cluster_rows_compile(monkeypatch, op, dtype):
     factory = "_cross_entropy_factory" if op == "cross_entropy" else "_softmax_factory"
     forward_plans = plans(seen, factory)
     assert {p.one_pass for p in forward_plans} == {True, False} and {p.vec for p in forward_plans} > {1}
-    most = _rows.CLUSTER_MAX_SM90 if op != "cross_entropy" and dtype == torch.float32 else _rows.CLUSTER_MAX
+    most = _rows.CLUSTER_MAX_SM90 if op != "cross_entropy" else _rows.CLUSTER_MAX
     assert all(1 < p.cluster <= most and p.tpr == p.threads == _rows.THREADS for p in forward_plans)
     assert all(p.cluster > 1 for p in plans(seen, factory.replace("_factory", "_backward_factory")))
 
 
-def test_clusters_of_16_where_measured(monkeypatch):
+def test_clusters_of_16_and_staged_shares_where_measured(monkeypatch):
     # Hopper's clusters of 16 CTAs a row (split_rows's ``most``) where experiments/cluster_16.py measured
     # them faster (H200): float32 softmax forwards and every softmax backward whose rows need more than 8
-    # shares, 16-bit norm forwards of at most one row an SM; elsewhere at most 8. The plans alone, nothing
-    # compiled.
+    # shares; the 16-bit forwards' shares staged in shared memory (``stage``), over up to 16; elsewhere at
+    # most 8. The plans alone, nothing compiled.
     seen = recorded_kernels(monkeypatch)
 
     def clusters(call):
-        """{factory: (cluster, one_pass, threads)} of the kernels ``call`` launches."""
+        """{factory: (cluster, one_pass, threads, staged)} of the kernels ``call`` launches."""
         seen.clear()
         with _compile.compiling_only():
             call()
-        return {name: (p.cluster, p.one_pass, p.threads) for name, key in seen for p in key
+        return {name: (p.cluster, p.one_pass, p.threads, p.staged) for name, key in seen for p in key
                 if isinstance(p, _rows.Plan)}
 
     softmax, softmax_backward = op_functions("softmax")
@@ -214,19 +214,25 @@ def test_clusters_of_16_where_measured(monkeypatch):
         y, cache = softmax(torch.zeros(4, 262144, dtype=dtype), -1)
         softmax_backward(torch.zeros(4, 262144, dtype=dtype), cache, (True,), -1)
 
-    # forward: float32 in 16 shares of 16384, each kept (read once), bf16 over 8 CTAs sweeping theirs; backward: 16
-    assert clusters(lambda: softmax_both(torch.float32)) == {"_softmax_factory": (16, True, _rows.THREADS),
-                                                             "_softmax_backward_factory": (16, True, _rows.THREADS)}
-    assert clusters(lambda: softmax_both(torch.bfloat16)) == {"_softmax_factory": (8, False, _rows.THREADS),
-                                                              "_softmax_backward_factory": (16, True, _rows.THREADS)}
+    # forward: float32 in 16 shares of 16384, each kept in registers (read once), bf16 in 16 staged ones;
+    # backward: 16 shares kept in registers
+    backward = (16, True, _rows.THREADS, False)
+    assert clusters(lambda: softmax_both(torch.float32)) == {"_softmax_factory": (16, True, _rows.THREADS, False),
+                                                             "_softmax_backward_factory": backward}
+    assert clusters(lambda: softmax_both(torch.bfloat16)) == {"_softmax_factory": (16, True, _rows.THREADS, True),
+                                                              "_softmax_backward_factory": backward}
     rms_norm = op_functions("rms_norm")[0]
 
-    def norm(rows, dtype):
-        return clusters(lambda: rms_norm(torch.zeros(rows, 262144, dtype=dtype), None, eps=1e-6))["_norm_forward_factory"]
+    def norm(rows, dtype, cols=262144):
+        return clusters(lambda: rms_norm(torch.zeros(rows, cols, dtype=dtype), None, eps=1e-6))["_norm_forward_factory"]
 
-    assert norm(64, torch.bfloat16) == (16, True, _rows.THREADS)  # a few 16-bit rows: 16 kept shares
-    assert norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16)[:2] == (1, False)  # more rows than SMs: a CTA sweeps a row
-    assert norm(64, torch.float32) == (8, True, _rows.SHARE_THREADS)  # float32: 8 wide CTAs keep their shares
+    staged = (16, True, _rows.THREADS, True)
+    assert norm(64, torch.bfloat16) == norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16) == staged  # 16-bit: staged
+    assert norm(4096, torch.bfloat16, 32768) == (2, True, _rows.THREADS, True)  # every row past 16384
+    assert norm(64, torch.float32) == (8, True, _rows.SHARE_THREADS, False)  # float32: 8 wide CTAs keep their shares
+    with tuning.override("rms_norm", staged=False):  # unstaged 16-bit rows: 16 kept shares for a few rows only
+        assert norm(64, torch.bfloat16) == (16, True, _rows.THREADS, False)
+        assert norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16)[:2] == (1, False)  # else a CTA sweeps a row
 
 
 def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):

@@ -76,9 +76,9 @@ from . import _compile, _reduce
 from .axpby import axpby
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes,
                     chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
-                    load_chunk, masked, plan, read_chunk, reduction_buffer, row_allreduce, row_arguments, row_cluster,
-                    row_copy, row_grid, row_thread, row_views, split_rows, spread_row, stage_chunk, staging_buffer,
-                    store_chunk, to_registers)
+                    load_chunk, masked, plan, reduce_staged, reduction_buffer, row_allreduce, row_arguments,
+                    row_copy, row_grid, row_launch, row_thread, row_views, split_rows, spread_row, stage_chunk,
+                    staging_buffer, store_chunk, store_staged, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -104,7 +104,7 @@ class Launch:
     - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
       cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
       (cp.async) and reading it from there, for the statistics and again for y (``_rows.split_rows``'s
-      ``stage``). None (the default): the rule in ``_forward_plan``; a bool: always or never.
+      ``stage``). None (the default): the rule in ``_forward_plan`` (16-bit rows); a bool: always or never.
     """
 
     row_threads: int = FORWARD_ROW_THREADS
@@ -126,11 +126,26 @@ def _vector(pointer, d, vec: int) -> Optional[cute.Tensor]:
     return cute.make_tensor(pointer, cute.make_layout((cute.assume(d, divby=vec) if const_expr(vec > 1) else d,)))
 
 
-def _param(tiled_copy, thr, mP: Optional[cute.Tensor], index, chunk: int, pred):
-    """Chunk ``index`` of the parameter ``mP`` as a float32 TensorSSA (None for a missing one)."""
+def _fragment(tiled_copy, thr, mP: Optional[cute.Tensor], index, chunk: int, pred):
+    """Chunk ``index`` of the parameter ``mP`` in registers, in its dtype (None for a missing one)."""
     if const_expr(mP is None):
         return None
-    return load_chunk(tiled_copy, thr, mP, index, chunk, pred, 0.0).load().to(Float32)
+    return load_chunk(tiled_copy, thr, mP, index, chunk, pred, 0.0)
+
+
+def _slice(thr, mP: Optional[cute.Tensor], index, chunk: int):
+    """This thread's slice of chunk ``index`` of the parameter ``mP`` in global memory (None for a missing one)."""
+    return None if const_expr(mP is None) else thr.partition_S(cute.local_tile(mP, (chunk,), (index,)))
+
+
+def _floats(fragment):
+    """A parameter's ``_fragment`` as a float32 TensorSSA (None for a missing one)."""
+    return None if const_expr(fragment is None) else fragment.load().to(Float32)
+
+
+def _param(tiled_copy, thr, mP: Optional[cute.Tensor], index, chunk: int, pred):
+    """Chunk ``index`` of the parameter ``mP`` as a float32 TensorSSA (None for a missing one)."""
+    return _floats(_fragment(tiled_copy, thr, mP, index, chunk, pred))
 
 
 def _affine(xhat, w, b):
@@ -146,6 +161,20 @@ def _affine(xhat, w, b):
 # ----------------------------------------------------------------------------- forward
 
 @cute.jit
+def _sum_of(a: tuple, x) -> tuple:
+    """(a[0] plus the sum of the elements of x,)"""
+    return (a[0] + x.reduce(cute.ReductionOp.ADD, 0.0, 0),)
+
+
+@cute.jit
+def _squares(a: tuple, x, mean, center: cutlass.Constexpr) -> tuple:
+    """(a[0] plus the sum of (x - mean)^2 over the elements of x; without ``center``, of x^2,)"""
+    if const_expr(center):
+        x = x - mean
+    return (a[0] + (x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),)
+
+
+@cute.jit
 def _combine_moments(a: tuple, b: tuple) -> tuple:
     """Two shares' ``(count, mean, M2)`` (M2 the sum of squared deviations from the share's mean;
     rms_norm: mean 0, M2 the sum of squares) as one (Chan et al.): with delta = mean_b - mean_a,
@@ -155,6 +184,17 @@ def _combine_moments(a: tuple, b: tuple) -> tuple:
     inv = 1.0 / cute.arch.fmax(n, Float32(1.0))
     delta = b[1] - a[1]
     return n, a[1] + delta * b[0] * inv, a[2] + b[2] + delta * delta * a[0] * b[0] * inv
+
+
+def _cluster_moments(count, share_mean, squares, plan_, peers, center: bool) -> tuple:
+    """``(mean, M2)`` of the row from this CTA's share's (count, mean, M2), combined over the row's
+    cluster (``_rows.cluster_allreduce``): by Chan's formula, or for rms_norm (``center`` false:
+    mean 0, M2 the sum of squares) as a plain sum."""
+    if const_expr(center):
+        _, mean, squares = cluster_allreduce((count, share_mean, squares), _combine_moments, plan_, peers)
+        return mean, squares
+    (squares,) = cluster_allreduce((squares,), combine_sum, plan_, peers)
+    return Float32(0.0), squares
 
 
 def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
@@ -167,9 +207,9 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                             tiled_copy: cute.TiledCopy):
         # mX, mY: (D, (N,)); mW, mB: (D,); mMean, mRstd: (N,) float32
         buffer = reduction_buffer(plan_, 2, stages=2)
-        peers = cluster_buffer(plan_, 3)
+        peers = cluster_buffer(plan_, 3 if center else 1)
         sX = staging_buffer(plan_, mX.element_type)
-        cluster_started(plan_)
+        cluster_started(plan_, peers)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row, y_row = mX[None, (row,)], mY[None, (row,)]
         n = Int32(0)  # columns to read: none for a row past the end
@@ -177,13 +217,30 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
             n = D
         d = Float32(D)
         mean = Float32(0.0)
-        if const_expr(plan_.one_pass):
+        if const_expr(plan_.staged):  # this CTA's share in shared memory, read a vector at a time (see the doc)
+            c = cluster_rank(plan_)
+            pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+            if const_expr(mX.element_type.width == 16):  # the parameters' share loads while the statistics form
+                rW, rB = _fragment(tiled_copy, thr, mW, c, chunk, pred), _fragment(tiled_copy, thr, mB, c, chunk, pred)
+            else:  # float32: read a vector at a time with y (held, they would spill past 80 registers)
+                rW, rB = _slice(thr, mW, c, chunk), _slice(thr, mB, c, chunk)
+            tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
+            count = Float32(cutlass.max(cutlass.min(n - c * chunk, chunk), 0))
+            share_mean = Float32(0.0)
+            if const_expr(center):
+                (total,) = row_allreduce(reduce_staged(tXsX, pred, vpt, _sum_of, (Float32(0.0),)), combine_sum, tpr,
+                                         buffer, 0)
+                share_mean = total / cute.arch.fmax(count, Float32(1.0))
+            (squares,) = row_allreduce(reduce_staged(tXsX, pred, vpt, lambda a, x: _squares(a, x, share_mean, center),
+                                                     (Float32(0.0),)), combine_sum, tpr, buffer, 1)
+            mean, squares = _cluster_moments(count, share_mean, squares, plan_, peers, center)
+            rstd = 1.0 / cute.math.sqrt(squares / d + eps)
+            store_staged(tiled_copy, thr, tXsX, y_row, c, chunk, pred, vpt,
+                         lambda x, w, b: _affine((x - mean) * rstd if const_expr(center) else x * rstd, w, b), (rW, rB))
+        elif const_expr(plan_.one_pass):
             c = cluster_rank(plan_)  # the row's one chunk, or this CTA's (a cluster per row)
             pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-            tXsX = None  # (staged: this thread's slice of the share in shared memory)
-            if const_expr(plan_.staged):
-                tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
-            x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
+            x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
             if const_expr(plan_.cluster == 1):
                 if const_expr(center):
                     (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
@@ -200,12 +257,8 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                     x = masked(x - share_mean, pred, vpt)  # centred on the share's mean
                 (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
                                            buffer, 1)
-                _, mean, squares = cluster_allreduce((count, share_mean, squares), _combine_moments, plan_, peers)
-                if const_expr(plan_.staged):  # read again: x is not held across the exchange
-                    x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
-                    if const_expr(center):
-                        x = masked(x - mean, pred, vpt)
-                elif const_expr(center):
+                mean, squares = _cluster_moments(count, share_mean, squares, plan_, peers, center)
+                if const_expr(center):
                     x = masked(x - (mean - share_mean), pred, vpt)  # centred on the row's mean
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             y = _affine(x * rstd, _param(tiled_copy, thr, mW, c, chunk, pred),
@@ -257,7 +310,7 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
         norm_forward_kernel(mX, _vector(pW, D, plan_.vec), _vector(pB, D, plan_.vec), mY, mMean, mRstd, rows, D, eps,
                             row_copy(dtype, plan_)).launch(
-            grid=row_grid(rows, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            **row_launch(rows, plan_, stream))
 
     return norm_forward_host
 
@@ -601,10 +654,12 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     y2 = _compile.Operand.new(x2.shape, x2.dtype)
     vec, plan_, args = _rows(op, (x2, y2), (weight, bias), MAX_ONE_PASS, STREAM_FORWARD)
     plan_ = spread_row(plan_, x2.shape[1], launch.row_threads)  # a row that fills a CTA: over 512 threads
-    # clusters of 16 for a few (<= SMs) 16-bit rows past 8 shares: 1.3-1.9x at 64 and 128 x 262144; more
-    # rows, or float32 (already one pass over 8 CTAs of 512 threads), ran slower so (docs/rms_norm.md)
+    # 16-bit rows past one CTA: shares of up to 16384 over up to 16 CTAs, staged in shared memory (1.1-1.3x
+    # at 1024-4096 rows); float32 ones keep theirs in registers, over 8 CTAs of 512 threads at 262144
+    # (staged, 64 KB a share, they ran 0.7-1.0x). Unstaged (Launch.staged=False) 16-bit rows take clusters of
+    # 16 only when few (<= SMs), past 8 shares. docs/rms_norm.md
     few = x2.element_size() == 2 and x2.shape[0] <= sms
-    stage = False if launch.staged is None else launch.staged
+    stage = x2.element_size() == 2 if launch.staged is None else launch.staged
     split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4,
                        most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)

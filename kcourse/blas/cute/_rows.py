@@ -134,6 +134,7 @@ CLUSTER_MAX = 8  # the most CTAs a row is spread over: the largest portable clus
 # ... and where an op asks (``split_rows``'s ``most``), Hopper's largest cluster (non-portable: the CuTe
 # DSL allows it on every kernel), for a row whose shares fit the registers only over 16 CTAs
 CLUSTER_MAX_SM90 = 16
+STAGED_CTAS_PER_SM = 3  # a staged plan's CTAs an SM: 3 x 64 KB float32 shares fit in shared memory
 SHARE_THREADS = 512  # a float32 norm forward's CTA whose share of a clustered row exceeds MAX_ONE_PASS (split_rows)
 BACKWARD_THREADS = 512  # softmax backward: CTAs over rows kept in registers, at most VALUES elements a thread
 FORWARD_ROW_THREADS = 512  # forwards: a row kept in registers that fills a CTA is spread over this many (spread_row)
@@ -158,7 +159,8 @@ class Launch:
     - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
       cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
       (cp.async) and reading it from there twice (``split_rows``'s ``stage``). None (the default): the
-      rule in ``softmax_rows``; a bool: always or never.
+      rule in ``softmax_rows`` (16-bit rows: measured 1.07-1.40x faster; float32 ones, 64 KB a share,
+      0.9-1.1x); a bool: always or never.
     """
 
     cluster: int | None = None
@@ -366,7 +368,8 @@ def staging_buffer(plan_: Plan, dtype):
 
 def stage_chunk(dtype, plan_: Plan, lane, row: cute.Tensor, index, pred: cute.Tensor, sX: cute.Tensor) -> cute.Tensor:
     """Copy chunk ``index`` of ``row`` into ``sX`` by cp.async (this thread's vectors on ``pred``) and
-    wait for it; returns this thread's slice of ``sX``, ``((VEC, 1), VPT)``, for ``read_chunk``. Each
+    wait for it; returns this thread's slice of ``sX``, ``((VEC, 1), VPT)``, for ``reduce_staged`` and
+    ``store_staged``. Each
     thread reads back only the vectors it copied, so no barrier: the loads are all in flight at
     once, and nothing of them occupies registers between the reads."""
     g2s = row_copy(dtype, plan_, to_shared=True).get_slice(lane)
@@ -375,15 +378,6 @@ def stage_chunk(dtype, plan_: Plan, lane, row: cute.Tensor, index, pred: cute.Te
     cute.arch.cp_async_commit_group()
     cute.arch.cp_async_wait_group(0)
     return tXsX
-
-
-def read_chunk(tiled_copy: cute.TiledCopy, thr, row: cute.Tensor, index, chunk: cutlass.Constexpr[int],
-               pred: cute.Tensor, fill, staged: cute.Tensor | None = None) -> cute.Tensor:
-    """``load_chunk``, or with ``staged`` (this thread's slice of the chunk in shared memory,
-    ``stage_chunk``) the same values from there."""
-    if const_expr(staged is None):
-        return load_chunk(tiled_copy, thr, row, index, chunk, pred, fill)
-    return to_registers(tiled_copy, staged, pred, fill)
 
 
 def chunk_predicate(tXcX: cute.Tensor, limit, vpt: cutlass.Constexpr[int]) -> cute.Tensor:
@@ -418,6 +412,48 @@ def store_chunk(tiled_copy: cute.TiledCopy, thr, values, row: cute.Tensor, index
     rY = cute.make_rmem_tensor_like(tYgY)
     rY.store(values.to(row.element_type))
     cute.copy(tiled_copy, rY, tYgY, pred=pred)
+
+
+@cute.jit
+def reduce_staged(staged: cute.Tensor, pred: cute.Tensor, vpt: cutlass.Constexpr[int], fn: cutlass.Constexpr,
+                  vals: tuple) -> tuple:
+    """``vals`` (a tuple of Float32) updated to ``fn(vals, x)`` for each vector x (float32 TensorSSA)
+    of this thread's staged chunk (``stage_chunk``) on ``pred``, one vector at a time (as
+    ``store_staged``, so that few values are live at once)."""
+    for j in cutlass.range_constexpr(vpt):
+        if pred[0, j]:
+            rX = cute.make_rmem_tensor_like(staged[None, j])
+            cute.autovec_copy(staged[None, j], rX)
+            vals = fn(vals, rX.load().to(Float32))
+    return vals
+
+
+def _vector_values(v: cute.Tensor):
+    """One vector ``v`` (in registers or global memory) as a float32 TensorSSA."""
+    r = cute.make_rmem_tensor_like(v)
+    cute.autovec_copy(v, r)
+    return r.load().to(Float32)
+
+
+@cute.jit
+def store_staged(tiled_copy: cute.TiledCopy, thr, staged: cute.Tensor, row: cute.Tensor, index,
+                 chunk: cutlass.Constexpr[int], pred: cute.Tensor, vpt: cutlass.Constexpr[int], fn: cutlass.Constexpr,
+                 params: tuple = ()):
+    """Store ``fn(x, *p)`` into chunk ``index`` of ``row`` (rounded to its dtype), the vectors on
+    ``pred``, one vector at a time: x is this thread's vector of the staged chunk (``staged``, from
+    ``stage_chunk``) and each p the same vector of a parameter's slice, ``((VEC, 1), VPT)`` in
+    registers (loaded already) or in global memory (read here), or None; both as float32. A
+    vector's values are all that is live at once, not the thread's whole chunk (whose 64 float32
+    values, beside a parameter's, would take about 120 registers and cost a CTA per SM)."""
+    tYgY = thr.partition_D(cute.local_tile(row, (chunk,), (index,)))
+    for j in cutlass.range_constexpr(vpt):
+        if pred[0, j]:
+            rX = cute.make_rmem_tensor_like(staged[None, j])
+            cute.autovec_copy(staged[None, j], rX)
+            ps = tuple(None if const_expr(p is None) else _vector_values(p[None, j]) for p in params)
+            rY = cute.make_rmem_tensor_like(tYgY[None, j])
+            rY.store(fn(rX.load().to(Float32), *ps).to(row.element_type))
+            cute.autovec_copy(rY, tYgY[None, j])
 
 
 @cute.jit
@@ -475,6 +511,24 @@ def chunk_lse(x) -> tuple:
 
 
 @cute.jit
+def _max_of(a: tuple, x) -> tuple:
+    """(the max of a[0] and the elements of x,)"""
+    return (cute.arch.fmax(a[0], x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0)),)
+
+
+@cute.jit
+def _exp_sum(x, shift):
+    """sum exp(x - shift) over the elements of x."""
+    return exp2f((x - shift) * LOG2E).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+
+
+@cute.jit
+def _normalized(x, m, log_s, inv_s, log: cutlass.Constexpr):
+    """softmax's y = exp(x - m) / s, or (``log``) log_softmax's (x - m) - log s, from the row's (m, s)."""
+    return (x - m) - log_s if const_expr(log) else exp2f((x - m) * LOG2E) * inv_s
+
+
+@cute.jit
 def online_lse(state: tuple, x) -> tuple:
     """The running (m, s) after one more chunk ``x`` (float32 TensorSSA; -inf where masked)."""
     m_new = cute.arch.fmax(state[0], x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0))
@@ -525,6 +579,16 @@ def across_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Con
     return out
 
 
+def row_launch(M, plan_: Plan, stream) -> dict:
+    """The launch of a kernel over ``M`` rows as ``plan_`` covers them: grid (``row_grid``), block,
+    cluster (``row_cluster``), stream; a staged plan asks ptxas for ``STAGED_CTAS_PER_SM`` CTAs an SM
+    (``.minnctapersm``: at most 80 registers a thread) and the largest shared-memory carveout."""
+    launch = dict(grid=row_grid(M, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
+    if const_expr(plan_.staged):
+        launch.update(min_blocks_per_mp=STAGED_CTAS_PER_SM, preferred_smem_carveout=100)
+    return launch
+
+
 def row_grid(M, plan_: Plan) -> list:
     """The grid of a kernel over ``M`` rows: a CTA per ``plan_.rows`` rows, ``plan_.cluster`` per row."""
     return [cute.ceil_div(M, plan_.rows) * plan_.cluster, 1, 1]
@@ -554,54 +618,68 @@ def chunk_range(N, plan_: Plan) -> tuple:
 
 
 def cluster_buffer(plan_: Plan, values: int):
-    """Shared memory for ``cluster_allreduce``: (cluster, values) float32, a slot per CTA of the row;
-    None without a cluster. Call before any branch, then ``cluster_started``."""
+    """Shared memory for ``cluster_allreduce``: ``(slots, barrier)``, a (cluster, values) float32 slot
+    per CTA of the row and the mbarrier that counts the bytes stored into them; None without a
+    cluster. Call before any branch, then ``cluster_started``."""
     if const_expr(plan_.cluster == 1):
         return None
     smem = cutlass.memory.SmemAllocator()
-    return smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster, values), order=(1, 0)),
-                                byte_alignment=16)
+    slots = smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster, values), order=(1, 0)),
+                                 byte_alignment=16)
+    return slots, smem.allocate_tensor(Int64, cute.make_layout((1,)), byte_alignment=8)
 
 
-def cluster_started(plan_: Plan) -> None:
-    """With a cluster per row, every thread arrives on the cluster barrier whose wait, in
-    ``cluster_allreduce``, guarantees that every CTA of the cluster runs (its shared memory exists)
-    before a remote store; the row's loads go on meanwhile."""
+@cute.jit
+def cluster_started(plan_: cutlass.Constexpr, peers) -> None:
+    """With a cluster per row: thread 0 sets up the CTA's mbarrier (``peers``) to expect the
+    cluster's values, all of the CTA's slots' bytes, and every thread arrives on the cluster barrier
+    whose wait, in ``cluster_allreduce``, guarantees that every CTA of the cluster runs and has its
+    mbarrier set up before a remote store; the row's loads go on meanwhile."""
     if const_expr(plan_.cluster > 1):
+        slots, barrier = peers
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            cute.arch.mbarrier_init(barrier.iterator, 1)
+            cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator, cute.size(slots) * 4)
+        cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
 
 
 @dsl_user_op
-def store_to_peer(smem: cute.Pointer, rank, value: Float32, *, loc=None, ip=None) -> None:
+def store_to_peer(smem: cute.Pointer, barrier: cute.Pointer, rank, value: Float32, *, loc=None, ip=None) -> None:
     """Store ``value`` at the address of ``smem`` (a float32 in this CTA's shared memory) in the
-    shared memory of the cluster's CTA ``rank``: ``mapa`` gives the address there, ``st.shared::cluster``
-    writes it."""
+    shared memory of the cluster's CTA ``rank``, counted by that CTA's mbarrier at the address of
+    ``barrier``: ``mapa`` gives both addresses there, ``st.async`` writes the value and completes its
+    4 bytes on the mbarrier."""
     llvm.inline_asm(
-        None, [smem.toint(loc=loc, ip=ip).ir_value(), Int32(rank).ir_value(), Float32(value).ir_value()],
-        "{ .reg .b32 peer; mapa.shared::cluster.u32 peer, $0, $1; st.shared::cluster.f32 [peer], $2; }",
-        "r,r,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+        None, [smem.toint(loc=loc, ip=ip).ir_value(), barrier.toint(loc=loc, ip=ip).ir_value(),
+               Int32(rank).ir_value(), Float32(value).ir_value()],
+        "{ .reg .b32 peer, bar; mapa.shared::cluster.u32 peer, $0, $2; mapa.shared::cluster.u32 bar, $1, $2; "
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [peer], $3, [bar]; }",
+        "r,r,r,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @cute.jit
-def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, buffer) -> tuple:
+def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, peers) -> tuple:
     """``vals`` (a CTA's result, the same in all its threads) combined over the CTAs of the row's
-    cluster, returned to every thread; without a cluster, ``vals``. Thread ``r`` of each CTA stores
-    the CTA's values into slot [rank] of CTA ``r``'s buffer (``st.shared::cluster`` through ``mapa``);
-    a cluster barrier (release, then acquire) makes them visible, and every CTA combines its slots
-    in rank order: the same bits in all of them. After the barrier no CTA touches another's shared
-    memory, so any may exit."""
+    cluster, returned to every thread; without a cluster, ``vals``. Once the cluster runs
+    (``cluster_started``'s barrier), thread ``r`` of each CTA stores the CTA's values into slot [rank]
+    of CTA ``r``'s buffer (``st.async`` through ``mapa``), each store counted by CTA ``r``'s mbarrier;
+    every CTA waits on its own mbarrier for all the slots' bytes, no cluster barrier, and combines
+    its slots in rank order: the same bits in all of them. Each CTA is written once by each peer and
+    waits for all of them, so none is written after it exits. Once a kernel (the mbarrier's one phase)."""
     if const_expr(plan_.cluster > 1):
+        slots, barrier = peers
         tidx, _, _ = cute.arch.thread_idx()
         rank = cluster_rank(plan_)
-        cute.arch.cluster_wait()  # the peers run (cluster_started)
+        cute.arch.cluster_wait()  # the peers run, their mbarriers set up (cluster_started)
         if tidx < plan_.cluster:
             for k in cutlass.range_constexpr(len(vals)):
-                store_to_peer((buffer.iterator + rank * len(vals) + k), tidx, vals[k])
-        cute.arch.cluster_arrive()  # release: our stores into the peers
-        cute.arch.cluster_wait()  # acquire: the peers' stores into our buffer
-        out = tuple(buffer[0, k] for k in range(len(vals)))
+                store_to_peer(slots.iterator + rank * len(vals) + k, barrier.iterator, tidx, vals[k])
+        cute.arch.mbarrier_wait(barrier.iterator, 0)  # every peer's values are here
+        out = tuple(slots[0, k] for k in range(len(vals)))
         for other in cutlass.range_constexpr(1, plan_.cluster):
-            out = combine(out, tuple(buffer[other, k] for k in range(len(vals))))
+            out = combine(out, tuple(slots[other, k] for k in range(len(vals))))
         vals = out
     return vals
 
@@ -650,7 +728,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
         # mX, mY: (N, (row dims)); sizes: the row dims but the outermost, innermost first
         buffer, peers = reduction_buffer(plan_, 2, 2 if two else 1), cluster_buffer(plan_, 2)
         sX = staging_buffer(plan_, mX.element_type)
-        cluster_started(plan_)
+        cluster_started(plan_, peers)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
         x_row, y_row = mX[None, crd], mY[None, crd]
@@ -658,9 +736,13 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
         if row < M:
             n = N
         first, count = chunk_range(N, plan_)  # one pass: (the cluster rank, 1)
-        if const_expr(plan_.one_pass and not plan_.staged):
+        if const_expr(plan_.one_pass and not (plan_.staged and log)):
             pred = chunk_predicate(tXcX, n - first * chunk, vpt)
-            x = load_chunk(tiled_copy, thr, x_row, first, chunk, pred, NEG_INF).load().to(Float32)
+            if const_expr(plan_.staged):  # softmax: the share through shared memory, its exponentials kept
+                x = to_registers(tiled_copy, stage_chunk(mX.element_type, plan_, lane, x_row, first, pred, sX), pred,
+                                 NEG_INF).load().to(Float32)
+            else:
+                x = load_chunk(tiled_copy, thr, x_row, first, chunk, pred, NEG_INF).load().to(Float32)
             if const_expr(two):  # (rows past M: m = -inf, e = 0; never stored)
                 (m,) = rows_allreduce((x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0),),
                                       combine_max, plan_, buffer, 0)
@@ -683,34 +765,39 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                         scale = exp2f((m_t - m) * LOG2E)
                     y = e * (scale / s)
             store_chunk(tiled_copy, thr, y, y_row, first, chunk, pred)
-        else:  # swept in chunks; or (staged) this CTA's one chunk in shared memory, read from there twice
-            tXsX = None
-            if const_expr(plan_.staged):
-                tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, first,
-                                   chunk_predicate(tXcX, n - first * chunk, vpt), sX)
+        else:  # swept in chunks; or (staged log_softmax) this CTA's one chunk in shared memory, read from there
+            tXsX = None  # (this thread's slice of it: its max, then its sum of exponentials, then y)
             state = (Float32(NEG_INF), Float32(0.0))
-            for c in cutlass.range(first, first + count, unroll=1):
-                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-                x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF, tXsX).load().to(Float32)
-                state = online_lse(state, x)
+            if const_expr(plan_.staged):
+                on = chunk_predicate(tXcX, n - first * chunk, vpt)
+                tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, first, on, sX)
+                (m_t,) = reduce_staged(tXsX, on, vpt, _max_of, (Float32(NEG_INF),))
+                shift = shift_of(m_t)
+                state = (m_t, reduce_staged(tXsX, on, vpt, lambda a, x: (a[0] + _exp_sum(x, shift),), (Float32(0.0),))[0])
+            else:
+                for c in cutlass.range(first, first + count, unroll=1):
+                    pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                    x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
+                    state = online_lse(state, x)
             m, s = rows_allreduce(state, combine_lse, plan_, buffer)
             m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
             log_s = cute.math.log(s)
             inv_s = 1.0 / s
-            for c in cutlass.range(first, first + count, unroll=1):
-                pred = chunk_predicate(tXcX, n - c * chunk, vpt)
-                x = read_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0, tXsX).load().to(Float32)
-                if const_expr(log):
-                    y = (x - m) - log_s
-                else:
-                    y = exp2f((x - m) * LOG2E) * inv_s
-                store_chunk(tiled_copy, thr, y, y_row, c, chunk, pred)
+
+            if const_expr(plan_.staged):
+                store_staged(tiled_copy, thr, tXsX, y_row, first, chunk, on, vpt,
+                             lambda x: _normalized(x, m, log_s, inv_s, log))
+            else:
+                for c in cutlass.range(first, first + count, unroll=1):
+                    pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+                    x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, 0.0).load().to(Float32)
+                    store_chunk(tiled_copy, thr, _normalized(x, m, log_s, inv_s, log), y_row, c, chunk, pred)
 
     @cute.jit
     def softmax_host(stream: cuda.CUstream, pX: cute.Pointer, pY: cute.Pointer, M: Int64, N: Int32, *args):
         (mX, mY), sizes = row_views((pX, pY), N, rank, plan_, args)
         softmax_kernel(mX, mY, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=row_grid(M, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            **row_launch(M, plan_, stream))
 
     return softmax_host
 
@@ -733,7 +820,7 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                                 N: Int32, tiled_copy: cute.TiledCopy):
         # mY, mdY, mdX: (N, (row dims)); sizes as in softmax_kernel
         buffer, peers = reduction_buffer(plan_, 1), cluster_buffer(plan_, 1)
-        cluster_started(plan_)
+        cluster_started(plan_, peers)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         crd = coordinate(row, sizes)
         y_row, dy_row, dx_row = mY[None, crd], mdY[None, crd], mdX[None, crd]
@@ -771,7 +858,7 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                               M: Int64, N: Int32, *args):
         (mY, mdY, mdX), sizes = row_views((pY, pdY, pdX), N, rank, plan_, args)
         softmax_backward_kernel(mY, mdY, mdX, sizes, M, N, row_copy(dtype, plan_)).launch(
-            grid=row_grid(M, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            **row_launch(M, plan_, stream))
 
     return softmax_backward_host
 
@@ -837,7 +924,7 @@ def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     launch = tuning.launch(op)
     # clusters of 16 for float32 rows past 8 shares (read once: 0.79 -> 0.95 of quack's time at 512 x
     # 262144); 16-bit ones gained nothing forward (docs/softmax.md)
-    stage = False if launch.staged is None else launch.staged
+    stage = x.element_size() == 2 if launch.staged is None else launch.staged  # (docs/softmax.md)
     y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=launch.row_threads,
                     cluster=launch.cluster, most=CLUSTER_MAX_SM90 if x.element_size() == 4 else CLUSTER_MAX,
                     stage=stage)

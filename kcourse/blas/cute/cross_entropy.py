@@ -71,7 +71,7 @@ from .. import _host, tuning
 from . import _compile, _reduce
 from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
                     cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
-                    load_chunk, plan, reduction_buffer, row_allreduce, row_arguments, row_cluster,
+                    load_chunk, plan, reduction_buffer, row_allreduce, row_arguments, row_launch,
                     row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce,
                     split_rows, store_chunk)
 
@@ -159,7 +159,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
         # mX: (V, (N,)) logits, a row per coordinate of mode 1; mT: (N,) targets; mLse: (N,) float32;
         # mLoss: (N,) float32 or the logits' dtype
         buffer, peers = reduction_buffer(plan_, 2, 2), cluster_buffer(plan_, 2)
-        cluster_started(plan_)
+        cluster_started(plan_, peers)
         row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         x_row = mX[None, (row,)]
         writer = Int32(0)  # lane 0 of the row's (first) CTA writes the results
@@ -222,7 +222,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
         mLse = cute.make_tensor(pLse, cute.make_layout((rows,)))
         mLoss = cute.make_tensor(pLoss, cute.make_layout((rows,)))
         cross_entropy_kernel(mX, mT, mLse, mLoss, rows, V, ignore_index, row_copy(dtype, plan_)).launch(
-            grid=row_grid(rows, plan_), block=[plan_.threads, 1, 1], cluster=row_cluster(plan_), stream=stream)
+            **row_launch(rows, plan_, stream))
 
     return cross_entropy_host
 
