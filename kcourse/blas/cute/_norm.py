@@ -74,8 +74,9 @@ from .. import _host, tuning
 from .._layout import rows_of
 from . import _compile, _reduce
 from .axpby import axpby
+from ._reduce import WARP
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes,
-                    chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
+                    butterfly, chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
                     load_chunk, masked, plan, reduce_staged, reduction_buffer, row_allreduce, row_arguments,
                     row_copy, row_grid, row_launch, row_thread, row_views, split_rows, spread_row, stage_chunk,
                     staging_buffer, store_chunk, store_staged, to_registers)
@@ -176,22 +177,33 @@ def _squares(a: tuple, x, mean, center: cutlass.Constexpr) -> tuple:
 
 @cute.jit
 def _combine_moments(a: tuple, b: tuple) -> tuple:
-    """Two shares' ``(count, mean, M2)`` (M2 the sum of squared deviations from the share's mean;
-    rms_norm: mean 0, M2 the sum of squares) as one (Chan et al.): with delta = mean_b - mean_a,
-    mean = mean_a + delta n_b / n and M2 = M2_a + M2_b + delta^2 n_a n_b / n. A share of no
-    columns (count, mean and M2 all 0) leaves the other as it is."""
+    """Two parts' ``(count, mean, M2)`` (M2 the sum of squared deviations from the part's mean) as one
+    (Chan et al.): n = n_a + n_b, mean = (n_a mean_a + n_b mean_b) / n and, with delta = mean_b -
+    mean_a, M2 = M2_a + M2_b + delta^2 n_a n_b / n. Written symmetric in a and b, so that the
+    swapped call gives the same bits (``_rows.butterfly``). A part of no columns (count, mean and M2
+    all 0) leaves the other as it is."""
     n = a[0] + b[0]
     inv = 1.0 / cute.arch.fmax(n, Float32(1.0))
     delta = b[1] - a[1]
-    return n, a[1] + delta * b[0] * inv, a[2] + b[2] + delta * delta * a[0] * b[0] * inv
+    return n, (a[0] * a[1] + b[0] * b[1]) * inv, a[2] + b[2] + delta * delta * (a[0] * b[0]) * inv
 
 
-def _cluster_moments(count, share_mean, squares, plan_, peers, center: bool) -> tuple:
-    """``(mean, M2)`` of the row from this CTA's share's (count, mean, M2), combined over the row's
-    cluster (``_rows.cluster_allreduce``): by Chan's formula, or for rms_norm (``center`` false:
-    mean 0, M2 the sum of squares) as a plain sum."""
+@cute.jit
+def _valid(pred: cute.Tensor, vpt: cutlass.Constexpr[int], vec: cutlass.Constexpr[int]) -> Float32:
+    """The number of this thread's elements inside the row (its vectors on ``pred``)."""
+    count = Float32(0.0)
+    for j in cutlass.range_constexpr(vpt):
+        if pred[0, j]:
+            count += Float32(vec)
+    return count
+
+
+def _cluster_moments(count, warp_mean, squares, plan_, peers, center: bool) -> tuple:
+    """``(mean, M2)`` of the row from this warp's (count, mean, M2), combined over the warps of the
+    row's cluster (``_rows.cluster_allreduce``): by Chan's formula, or for rms_norm (``center``
+    false: mean 0, M2 the sum of squares) as a plain sum."""
     if const_expr(center):
-        _, mean, squares = cluster_allreduce((count, share_mean, squares), _combine_moments, plan_, peers)
+        _, mean, squares = cluster_allreduce((count, warp_mean, squares), _combine_moments, plan_, peers)
         return mean, squares
     (squares,) = cluster_allreduce((squares,), combine_sum, plan_, peers)
     return Float32(0.0), squares
@@ -225,15 +237,14 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
             else:  # float32: read a vector at a time with y (held, they would spill past 80 registers)
                 rW, rB = _slice(thr, mW, c, chunk), _slice(thr, mB, c, chunk)
             tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
-            count = Float32(cutlass.max(cutlass.min(n - c * chunk, chunk), 0))
-            share_mean = Float32(0.0)
+            count, warp_mean = Float32(0.0), Float32(0.0)  # this warp's exact statistics, then the row's
             if const_expr(center):
-                (total,) = row_allreduce(reduce_staged(tXsX, pred, vpt, _sum_of, (Float32(0.0),)), combine_sum, tpr,
-                                         buffer, 0)
-                share_mean = total / cute.arch.fmax(count, Float32(1.0))
-            (squares,) = row_allreduce(reduce_staged(tXsX, pred, vpt, lambda a, x: _squares(a, x, share_mean, center),
-                                                     (Float32(0.0),)), combine_sum, tpr, buffer, 1)
-            mean, squares = _cluster_moments(count, share_mean, squares, plan_, peers, center)
+                total, count = butterfly((reduce_staged(tXsX, pred, vpt, _sum_of, (Float32(0.0),))[0],
+                                          _valid(pred, vpt, plan_.vec)), combine_sum, WARP)
+                warp_mean = total / cute.arch.fmax(count, Float32(1.0))
+            (squares,) = butterfly(reduce_staged(tXsX, pred, vpt, lambda a, x: _squares(a, x, warp_mean, center),
+                                                 (Float32(0.0),)), combine_sum, WARP)
+            mean, squares = _cluster_moments(count, warp_mean, squares, plan_, peers, center)
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             store_staged(tiled_copy, thr, tXsX, y_row, c, chunk, pred, vpt,
                          lambda x, w, b: _affine((x - mean) * rstd if const_expr(center) else x * rstd, w, b), (rW, rB))
@@ -248,18 +259,17 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                     x = masked(x - mean, pred, vpt)  # centred; 0 past the row's end
                 (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
                                            buffer, 1)
-            else:  # this CTA's share: its own exact statistics, then the cluster's (Chan's combination)
-                count = Float32(cutlass.max(cutlass.min(n - c * chunk, chunk), 0))
-                share_mean = Float32(0.0)
+            else:  # each warp's exact statistics, then the row's over the cluster's warps (Chan's combination)
+                count, warp_mean = Float32(0.0), Float32(0.0)
                 if const_expr(center):
-                    (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr, buffer, 0)
-                    share_mean = total / cute.arch.fmax(count, Float32(1.0))
-                    x = masked(x - share_mean, pred, vpt)  # centred on the share's mean
-                (squares,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, tpr,
-                                           buffer, 1)
-                mean, squares = _cluster_moments(count, share_mean, squares, plan_, peers, center)
+                    total, count = butterfly((x.reduce(cute.ReductionOp.ADD, 0.0, 0), _valid(pred, vpt, plan_.vec)),
+                                             combine_sum, WARP)
+                    warp_mean = total / cute.arch.fmax(count, Float32(1.0))
+                    x = masked(x - warp_mean, pred, vpt)  # centred on the warp's mean
+                (squares,) = butterfly(((x * x).reduce(cute.ReductionOp.ADD, 0.0, 0),), combine_sum, WARP)
+                mean, squares = _cluster_moments(count, warp_mean, squares, plan_, peers, center)
                 if const_expr(center):
-                    x = masked(x - (mean - share_mean), pred, vpt)  # centred on the row's mean
+                    x = masked(x - (mean - warp_mean), pred, vpt)  # centred on the row's mean
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             y = _affine(x * rstd, _param(tiled_copy, thr, mW, c, chunk, pred),
                         _param(tiled_copy, thr, mB, c, chunk, pred))

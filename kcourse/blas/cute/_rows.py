@@ -544,10 +544,7 @@ def row_allreduce(vals: tuple, combine: cutlass.Constexpr, tpr: cutlass.Constexp
     threads, a power of two), returned to all of them; see the module doc. With ``tpr`` > 32 every
     thread of the CTA must call it (a barrier); ``buffer[stage]`` must not be in use by another
     call that a warp may still be reading (alternate stages in a loop)."""
-    width = min(tpr, _reduce.WARP)
-    for level in cutlass.range_constexpr(int(math.log2(width))):
-        offset = width >> (level + 1)
-        vals = combine(vals, tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in vals))
+    vals = butterfly(vals, combine, min(tpr, _reduce.WARP))
     if const_expr(tpr > _reduce.WARP):
         warps = tpr // _reduce.WARP  # warps per row
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
@@ -556,10 +553,18 @@ def row_allreduce(vals: tuple, combine: cutlass.Constexpr, tpr: cutlass.Constexp
                 buffer[stage, warp, k] = vals[k]
         cute.arch.barrier()
         source = warp - warp % warps + lane % warps  # lanes l and l + W read the same warp's values
-        vals = tuple(buffer[stage, source, k] for k in range(len(vals)))
-        for level in cutlass.range_constexpr(int(math.log2(warps))):
-            offset = warps >> (level + 1)
-            vals = combine(vals, tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in vals))
+        vals = butterfly(tuple(buffer[stage, source, k] for k in range(len(vals))), combine, warps)
+    return vals
+
+
+@cute.jit
+def butterfly(vals: tuple, combine: cutlass.Constexpr, width: cutlass.Constexpr[int]) -> tuple:
+    """``vals`` combined over each ``width`` consecutive lanes of a warp (a power of two), by
+    butterfly shuffles: at every level a lane and its partner combine the same two values (in
+    swapped order), so with a commutative ``combine`` all of them end with the same bits."""
+    for level in cutlass.range_constexpr(int(math.log2(width))):
+        offset = width >> (level + 1)
+        vals = combine(vals, tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in vals))
     return vals
 
 
@@ -618,13 +623,14 @@ def chunk_range(N, plan_: Plan) -> tuple:
 
 
 def cluster_buffer(plan_: Plan, values: int):
-    """Shared memory for ``cluster_allreduce``: ``(slots, barrier)``, a (cluster, values) float32 slot
-    per CTA of the row and the mbarrier that counts the bytes stored into them; None without a
-    cluster. Call before any branch, then ``cluster_started``."""
+    """Shared memory for ``cluster_allreduce``: ``(slots, barrier)``, a (cluster x warps, values)
+    float32 slot per warp of every CTA of the row and the mbarrier that counts the bytes stored
+    into them; None without a cluster. Call before any branch, then ``cluster_started``."""
     if const_expr(plan_.cluster == 1):
         return None
     smem = cutlass.memory.SmemAllocator()
-    slots = smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster, values), order=(1, 0)),
+    warps = plan_.threads // _reduce.WARP
+    slots = smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster * warps, values), order=(1, 0)),
                                  byte_alignment=16)
     return slots, smem.allocate_tensor(Int64, cute.make_layout((1,)), byte_alignment=8)
 
@@ -661,32 +667,44 @@ def store_to_peer(smem: cute.Pointer, barrier: cute.Pointer, rank, value: Float3
 
 @cute.jit
 def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, peers) -> tuple:
-    """``vals`` (a CTA's result, the same in all its threads) combined over the CTAs of the row's
-    cluster, returned to every thread; without a cluster, ``vals``. Once the cluster runs
-    (``cluster_started``'s barrier), thread ``r`` of each CTA stores the CTA's values into slot [rank]
-    of CTA ``r``'s buffer (``st.async`` through ``mapa``), each store counted by CTA ``r``'s mbarrier;
-    every CTA waits on its own mbarrier for all the slots' bytes, no cluster barrier, and combines
-    its slots in rank order: the same bits in all of them. Each CTA is written once by each peer and
-    waits for all of them, so none is written after it exits. Once a kernel (the mbarrier's one phase)."""
+    """``vals`` (a warp's result, the same in all its lanes; ``combine`` commutative) combined over
+    the warps of the row's cluster (every thread of each CTA on the row), returned to every thread.
+    No barrier inside the CTA: once the cluster runs (``cluster_started``'s barrier), lane ``r`` of each warp
+    stores the warp's values into its slot [rank, warp] of CTA ``r``'s buffer (``st.async`` through
+    ``mapa``), each store counted by CTA ``r``'s mbarrier; every warp waits on its CTA's mbarrier for
+    all the slots' bytes (T = cluster x warps slots), then lane l combines the slots l, l + W,
+    l + 2W, ... (W the largest power of two <= min(T, 32)) in order, and a butterfly over W lanes
+    finishes: the same order, so the same bits, in every thread of every CTA. Each CTA is written
+    once by each warp of the cluster and waits for all of them, so none is written after it exits.
+    Once a kernel (the mbarrier's one phase)."""
     if const_expr(plan_.cluster > 1):
         slots, barrier = peers
-        tidx, _, _ = cute.arch.thread_idx()
-        rank = cluster_rank(plan_)
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        warps = plan_.threads // _reduce.WARP
+        total = plan_.cluster * warps
+        width = min(1 << (total.bit_length() - 1), _reduce.WARP)
+        slot = cluster_rank(plan_) * warps + warp
         cute.arch.cluster_wait()  # the peers run, their mbarriers set up (cluster_started)
-        if tidx < plan_.cluster:
+        if lane < plan_.cluster:
             for k in cutlass.range_constexpr(len(vals)):
-                store_to_peer(slots.iterator + rank * len(vals) + k, barrier.iterator, tidx, vals[k])
-        cute.arch.mbarrier_wait(barrier.iterator, 0)  # every peer's values are here
-        out = tuple(slots[0, k] for k in range(len(vals)))
-        for other in cutlass.range_constexpr(1, plan_.cluster):
-            out = combine(out, tuple(slots[other, k] for k in range(len(vals))))
-        vals = out
+                store_to_peer(slots.iterator + slot * len(vals) + k, barrier.iterator, lane, vals[k])
+        cute.arch.mbarrier_wait(barrier.iterator, 0)  # every warp's values are here
+        first = lane % width
+        out = tuple(slots[first, k] for k in range(len(vals)))
+        for i in cutlass.range_constexpr(1, -(-total // width)):
+            if first + i * width < total:
+                out = combine(out, tuple(slots[first + i * width, k] for k in range(len(vals))))
+        vals = butterfly(out, combine, width)
     return vals
 
 
-def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer, stage=0) -> tuple:
+def rows_allreduce(vals: tuple, combine, plan_: Plan, buffer, stage=0, peers=None) -> tuple:
     """``vals`` combined over the threads of each row, as ``plan_`` lays them out (every thread of the
-    CTA calls it when a row spans warps); ``stage``: as ``row_allreduce`` (not for a plan ``across``)."""
+    CTA calls it when a row spans warps); ``stage``: as ``row_allreduce`` (not for a plan ``across``).
+    With a cluster per row, over the row's CTAs as well: each warp's ``butterfly``, then
+    ``cluster_allreduce`` through ``peers`` (``combine`` commutative)."""
+    if const_expr(plan_.cluster > 1):
+        return cluster_allreduce(butterfly(vals, combine, _reduce.WARP), combine, plan_, peers)
     if const_expr(plan_.across):
         return across_allreduce(vals, combine, plan_, buffer)
     return row_allreduce(vals, combine, plan_.tpr, buffer, stage)
@@ -755,8 +773,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                     y = e * (1.0 / s)
             else:  # a row over a cluster, or rows across a CTA's threads: one reduction of (max, sum) pairs
                 m_t, s_t, e = chunk_lse(x)
-                m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer)
-                m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
+                m, s = rows_allreduce((m_t, s_t), combine_lse, plan_, buffer, peers=peers)
                 if const_expr(log):
                     y = (x - m) - cute.math.log(s)
                 else:
@@ -779,8 +796,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                     pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                     x = load_chunk(tiled_copy, thr, x_row, c, chunk, pred, NEG_INF).load().to(Float32)
                     state = online_lse(state, x)
-            m, s = rows_allreduce(state, combine_lse, plan_, buffer)
-            m, s = cluster_allreduce((m, s), combine_lse, plan_, peers)
+            m, s = rows_allreduce(state, combine_lse, plan_, buffer, peers=peers)
             log_s = cute.math.log(s)
             inv_s = 1.0 / s
 
@@ -833,8 +849,7 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
             y = load_chunk(tiled_copy, thr, y_row, first, chunk, pred, 0.0).load().to(Float32)
             dy = load_chunk(tiled_copy, thr, dy_row, first, chunk, pred, 0.0).load().to(Float32)
             part = row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
-            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
-            (total,) = cluster_allreduce((total,), combine_sum, plan_, peers)
+            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer, peers=peers)
             store_chunk(tiled_copy, thr, grad(y, dy, total), dx_row, first, chunk, pred)
         else:
             part = Float32(0.0)
@@ -845,8 +860,7 @@ def _softmax_backward_factory(log: bool, dtype, rank: int, plan_: Plan):
                 if const_expr(not log):
                     y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)
                 part += row_term(y, dy).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
-            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer)
-            (total,) = cluster_allreduce((total,), combine_sum, plan_, peers)
+            (total,) = rows_allreduce((part,), combine_sum, plan_, buffer, peers=peers)
             for c in cutlass.range(first, first + count, unroll=1):
                 pred = chunk_predicate(tXcX, n - c * chunk, vpt)
                 y = load_chunk(tiled_copy, thr, y_row, c, chunk, pred, 0.0).load().to(Float32)

@@ -69,7 +69,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 
 from .. import _host, tuning
 from . import _compile, _reduce
-from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range, cluster_allreduce,
+from ._rows import (LOG2E, NEG_INF, check_sizes, chunk_predicate, chunk_range,
                     cluster_buffer, cluster_rank, cluster_started, combine_max, combine_sum, exp2f,
                     load_chunk, plan, reduction_buffer, row_allreduce, row_arguments, row_launch,
                     row_copy, row_grid, row_thread, row_vector_width, row_views, rows_allreduce,
@@ -199,8 +199,7 @@ def _cross_entropy_factory(dtype, target_dtype, loss_dtype, plan_):
             if writer != 0:
                 if valid != 0:
                     x_t = x_row[t].to(Float32)
-            m, s = rows_allreduce(state, _combine_lse, plan_, buffer)
-            m, s = cluster_allreduce((m, s), _combine_lse, plan_, peers)
+            m, s = rows_allreduce(state, _combine_lse, plan_, buffer, peers=peers)
         if writer != 0:
             if row < rows:
                 lse, loss = Float32(0.0), Float32(0.0)  # an ignored row
