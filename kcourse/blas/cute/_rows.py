@@ -159,8 +159,7 @@ class Launch:
     - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
       cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
       (cp.async) and reading it from there twice (``split_rows``'s ``stage``). None (the default): the
-      rule in ``softmax_rows`` (16-bit rows: measured 1.07-1.40x faster; float32 ones, 64 KB a share,
-      0.9-1.1x); a bool: always or never.
+      rule in ``softmax_rows`` (16-bit rows that 8 CTAs cannot keep in registers); a bool: always or never.
     """
 
     cluster: int | None = None
@@ -938,7 +937,9 @@ def softmax_rows(op: str, x: torch.Tensor, dim: int, log: bool):
     launch = tuning.launch(op)
     # clusters of 16 for float32 rows past 8 shares (read once: 0.79 -> 0.95 of quack's time at 512 x
     # 262144); 16-bit ones gained nothing forward (docs/softmax.md)
-    stage = x.element_size() == 2 if launch.staged is None else launch.staged  # (docs/softmax.md)
+    # 16-bit rows past 8 shares kept in registers (over 131072): staged, over up to 16 CTAs (docs/softmax.md)
+    long = x.dim() > 0 and x.shape[dim] > CLUSTER_MAX * MAX_ONE_PASS
+    stage = x.element_size() == 2 and long if launch.staged is None else launch.staged
     y = launch_rows(op, _softmax_factory, [x], dim, log, share=MAX_ONE_PASS, spread=launch.row_threads,
                     cluster=launch.cluster, most=CLUSTER_MAX_SM90 if x.element_size() == 4 else CLUSTER_MAX,
                     stage=stage)
