@@ -26,6 +26,15 @@ Measured (H200, 2026-11-29, every error level with 8's): softmax gains from 16 i
 (64 x 262144 rms_norm 0.065 -> 0.034, layer_norm 0.083 -> 0.044; 128 rows 1.3x) and lose from 256 rows
 (layer_norm 512 x 262144 0.210 -> 0.267) and in float32 at every count (rms_norm 512 rows 0.313 ->
 0.458: 8 CTAs of 512 threads keep their shares already). ``_rows.split_rows``'s ``most`` ships those choices.
+(Those runs predate the warp-level cluster exchange.)
+
+Staged shares (``--staged on`` against ``off``, H200, 2026-11-29, with the warp-level exchange, bf16,
+graphed, ms): rms_norm 64 / 512 x 262144, 1024 x 131072, 4096 x 32768: 0.025 / 0.158 / 0.146 / 0.150
+against 0.029 / 0.207 / 0.162 / 0.146 (quack 0.024 / 0.136 / 0.135 / 0.135); layer_norm 0.035 / 0.209
+/ 0.180 / 0.159 against 0.041 / 0.208 / 0.212 / 0.191; softmax 0.028 / 0.155 / 0.150 / 0.149 against
+0.031 / 0.172 / 0.135 / 0.134 (quack 0.025 / 0.141 / 0.135 / 0.134). Float32 staged (64 KB a share)
+ran 0.69-1.01x of its shares in registers. The ops ship: 16-bit norm forwards staged past 16384
+columns, the 16-bit softmax past 131072 (where 8 CTAs cannot keep the shares), float32 never.
 """
 from __future__ import annotations
 

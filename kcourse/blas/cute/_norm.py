@@ -19,13 +19,16 @@ transposed or strided x is read in place); y, dx, weight and bias are contiguous
 Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     A row of up to ``MAX_ONE_PASS`` (16384) columns is loaded once and kept in registers: exact
     two-pass statistics on chip (the sum, then the sum of (x - mean)^2 over the same registers), then
-    y. A longer row is spread over a cluster of CTAs (``_rows.split_rows``: a few rows fill the SMs;
-    a row over up to 8 CTAs, each keeping its share of up to 16384 elements in registers, 32768 in float32
-    by CTAs of 512 threads): each CTA takes its share's exact two-pass statistics (count, mean, M2 =
-    sum of squared deviations), the cluster combines them in rank order (Chan et al.'s pairwise
-    formula, ``_combine_moments``, through distributed shared memory: ``_rows.cluster_allreduce``),
-    and each CTA writes its share of y; the first writes mean and rstd. The row is read once.
-    A row whose shares still exceed that (over 131072 columns in 16 bits, 262144 in float32) is swept
+    y. A longer row is spread over a cluster of CTAs (``_rows.split_rows``), each keeping its share:
+    in 16 bits up to 16384 elements over up to 16 CTAs, staged in shared memory by cp.async and read
+    a vector at a time (``_rows.Plan.staged``), the parameters' share loading into registers
+    meanwhile; in float32 in registers, up to 16384 over up to 8 CTAs (32768 by CTAs of 512
+    threads). Each warp takes its exact two-pass statistics (count, mean, M2 = sum of squared
+    deviations; rms_norm: the sum of squares alone), the cluster's warps combine them in a fixed
+    order (Chan et al.'s pairwise formula, ``_combine_moments``, written symmetric; rms_norm a plain
+    sum) through distributed shared memory (``_rows.cluster_allreduce``), and each CTA writes its
+    share of y; the first writes mean and rstd. The row is read once.
+    A row whose shares still exceed that (over 262144 columns) is swept
     in chunks by one CTA: the first chunk's mean K is computed first, then per thread
     the sums of s = x - K and s^2 (var = mean(s^2) - mean(s)^2, stable for large offsets since
     (mean - K)^2 <= var * D / CHUNK), then y in a second sweep.

@@ -57,26 +57,38 @@ A cluster of CTAs per row (``split_rows``, sm_90+)
 --------------------------------------------------
 A row longer than MAX_ONE_PASS is spread over C CTAs (``Plan.cluster``; C <= 8, the largest portable
 cluster, or up to 16 on Hopper where an op measured it faster: ``split_rows``) when there are too few
-rows to give every SM a CTA, or when C CTAs can each keep their share in registers where one CTA
-would sweep the row twice (softmax: shares of at most 16384 elements forward, 8192 backward). CTA
-``r`` of a row's C (consecutive along x, launched as one thread block cluster) takes its
-consecutive share of the row's chunks (``chunk_range``); a share that fits in registers is one
-chunk, so the row is read once. The float32 norm forwards keep shares of up to twice that (262144
-columns over 8 CTAs: 32768 each) in CTAs of ``SHARE_THREADS = 512`` threads, 64 elements a thread
-as at 16384 columns (ptxas for sm_90a: 92 registers, no spills: one CTA an SM); H200, 512 x 262144,
-graphed: rms_norm 0.31 ms against 0.41 swept by one CTA a row, layer_norm 0.40 against 0.46. In
-16 bits the sweep's second read of a 512 KB row mostly hits L2 and the same split measured slower
-(layer_norm 0.25 against 0.21 ms; softmax 0.21 against 0.18 over a cluster of CTAs sweeping their
-shares), so those keep the sweep, but for a few rows (at most one a SM), which clusters of 16 read
-once: 64 x 262144 bf16 rms_norm 0.034 against 0.065 ms (2026-11-29, experiments/cluster_16.py).
-The CTAs' partial results meet through distributed shared memory
-(``cluster_allreduce``): after its own reduction, thread ``p`` of each CTA writes the CTA's
-(m, s) -- or row sum -- into slot [r] of CTA ``p``'s buffer (``mapa`` + ``st.shared::cluster``),
-one cluster barrier (arrive.release, wait.acquire) publishes them, and every CTA combines the C
-slots in rank order: the same bits in all of them, and on every run. A relaxed arrive at the
-kernel's start, waited for before the first remote store, guarantees that every CTA of the
-cluster runs. Measured on an H100 (docs/softmax.md): 8 x 262144 bfloat16 softmax forward 8.4 us
-against 38 us with a CTA per row; 8192 x 65536, 0.74 ms against 1.05 ms.
+rows to give every SM a CTA, or when C CTAs can each keep their share on chip where one CTA would
+sweep the row twice (softmax: shares of at most 16384 elements forward, 8192 backward). CTA ``r``
+of a row's C (consecutive along x, launched as one thread block cluster) takes its consecutive
+share of the row's chunks (``chunk_range``); a share kept on chip is one chunk, so the row is read
+once. Where the share is kept:
+
+- in registers: the float32 forwards, the backwards, the 16-bit softmax forward up to 8 shares
+  (131072 columns). The float32 norm forwards keep shares of up to 32768 (262144 columns over 8
+  CTAs) in CTAs of ``SHARE_THREADS = 512`` threads, 64 elements a thread;
+- in shared memory (``Plan.staged``, ``split_rows``'s ``stage``): the 16-bit norm forwards past
+  16384 columns and the 16-bit softmax forward past 131072, over up to 16 CTAs of 256 threads.
+  Each thread copies its vectors of the share by cp.async (``stage_chunk``: every load in flight
+  at once, none occupying registers) and reads them back a vector at a time (``reduce_staged``,
+  ``store_staged``): at most 80 registers (``row_launch`` asks ptxas for 3 CTAs an SM), so three
+  32 KB shares an SM. The softmax keeps its exponentials in registers after the one read (one exp
+  an element). H200, bf16, graphed, against the same shares in registers or swept: rms_norm 512 x
+  262144 0.158 against 0.207 ms, layer_norm 4096 x 32768 0.159 against 0.191, softmax 512 x
+  262144 0.155 against 0.172 (quack 0.136 / 0.260 / 0.141; experiments/cluster_16.py,
+  2026-11-29). Float32 shares (64 KB) measured 0.7-1.0x staged and stay in registers.
+
+The CTAs' partial results meet through distributed shared memory (``cluster_allreduce``), with no
+barrier inside a CTA: each warp combines its lanes (``butterfly``), then lane ``p`` of every warp
+stores the warp's (m, s) -- or row sum, or (count, mean, M2) -- into its slot [rank, warp] of CTA
+``p``'s buffer (``mapa`` + ``st.async``), each store counted by that CTA's mbarrier, which expects
+all the slots' bytes; each CTA waits on its own mbarrier, and its lanes combine the C x warps slots
+in a fixed order (``cluster_allreduce``): the same bits in every thread of every CTA, and on every
+run. A relaxed cluster arrive at the kernel's start (``cluster_started``, after thread 0 set up the
+mbarrier), waited for before the first remote store, guarantees that every CTA of the cluster runs.
+Against a cluster barrier pair after one CTA-wide reduction, this exchange took the 16-bit softmax
+forward at 1024 x 131072 (8 CTAs keeping their shares in registers) from 0.178 to 0.135 ms (H200).
+Measured on an H100 (docs/softmax.md), with the barrier pair: 8 x 262144 bfloat16 softmax forward
+8.4 us against 38 us with a CTA per row; 8192 x 65536, 0.74 ms against 1.05 ms.
 
 Keys: the dtype, the number of merged row dims, the ``Plan`` (VEC, TPR, VPT, one pass or two, which
 operands have a unit column stride, CTAs per row) and the log flag; M, N and every stride are
