@@ -7,7 +7,7 @@ loads run ``STAGES - 1`` tiles ahead of the products); ``attention_fwd_ws_kernel
     python -m benchmarks.experiments.gluon_attention --compile-only    # any machine: builds for sm_90a
     python -m benchmarks.experiments.gluon_attention OUT.txt            # a Hopper GPU: checks and times
     python -m benchmarks.experiments.gluon_attention OUT.txt --time-only  # the timings alone
-    python -m benchmarks.experiments.gluon_attention OUT.txt --quick --schedules pingpong,pingpong-ordered
+    python -m benchmarks.experiments.gluon_attention OUT.txt --quick --schedules pingpong,pingpong-fa3-s3
 
 On a GPU: out, lse and the gradients against the python reference (causal and not, grouped-query,
 head dims 64 and 128, odd T), then forward milliseconds against ``F.scaled_dot_product_attention`` and the triton
@@ -39,8 +39,11 @@ kernel 0.57 / 0.64 / 0.74 / 0.81 / 0.73 (causal: ``pingpong`` 0.44-0.80, ``tl`` 
   - ``pingpong-overlap`` (each consumer's S of a tile issued with its P V of the tile before, the
     softmax running while P V does: ``_consume``) and ``pingpong-fa3`` (that, the consumers
     taking turns, each handing over once its two products are issued): FlashAttention-3's forward;
-    ``pingpong-fa3-s3`` with three K/V slots (229,752 bytes of shared memory at D = 128, of 232,448).
-    They compile for sm_90a; not yet run on a GPU;
+    a ``-s3`` suffix gives any ping-pong schedule three K/V slots (229,752 bytes of shared memory at
+    D = 128, of 232,448). All correct; none faster than ``pingpong`` beyond the run-to-run spread
+    (H200, not causal, T = 2k / 8k / 16k: ``pingpong-fa3-s3`` 0.59-0.68 / 0.76-0.80 / 0.78-0.84 of SDPA
+    over two runs, ``pingpong`` 0.58-0.68 / 0.78-0.80 / 0.79-0.80; with two slots the overlapped
+    consumers are slower: ``pingpong-overlap`` 0.45 / 0.60 / 0.64; docs/attention.md);
   - a deterministic backward (``attention_dq_kernel``: dQ per query tile, no atomics).
 
     S  = scale Q K^T (in log2 units: times log2 e)      masked: key j >= Tk, or j > i (causal, top-left)
