@@ -250,10 +250,11 @@ def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
 
 # ----------------------------------------------------------------------------- layer_norm, rms_norm
 
-# rows kept on chip; 12000: chunked backward; 20000: a forward over a cluster of 5 CTAs (two rows:
-# SMs to fill), a chunked backward; 262144: in float32 a cluster of 8 CTAs of 512 threads, in 16 bits
-# (two rows: fewer than SMs) a cluster of 16; 300000 swept in chunks by one CTA in every dtype. Other
-# layouts than contiguous: the first and the fourth only (compile time)
+# rows kept on chip; 12000: a backward over a cluster of 2 CTAs (contiguous: vector accesses; else chunked);
+# 20000: a forward over a cluster of 5 CTAs (two rows: SMs to fill), a backward over 3; 262144: in float32 a
+# forward over a cluster of 8 CTAs of 512 threads, in 16 bits 16 staged shares, a chunked backward; 300000
+# swept in chunks by one CTA in every dtype. Other layouts than contiguous: the first and the fourth only
+# (compile time)
 NORM_SHAPES = [(7, 33), (3, 5, 1000), (2, 12000), (2, 20000), (2, 262144), (2, 300000)]
 
 
@@ -278,7 +279,10 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
             assert grads[0].shape == x.shape and all(g.shape == (d,) for g in grads[1:])
     names = {name for name, _ in seen}
     assert names == {"_norm_forward_factory", "_norm_backward_factory", "_column_sum_factory"}
-    assert {p.one_pass for p in plans(seen, "_norm_backward_factory")} == {True, False}
+    # rows kept on chip (one pass, by one CTA or a cluster), and swept; misaligned (4-byte accesses) has no
+    # row the cluster backward leaves to the sweep
+    assert {p.one_pass for p in plans(seen, "_norm_backward_factory")} == {True} | ({False} if layout != "misaligned"
+                                                                                  else set())
     forward_plans = set(plans(seen, "_norm_forward_factory"))
     clustered = {(p.cluster, p.threads) for p in forward_plans if p.cluster > 1}
     assert all(p.one_pass for p in forward_plans if p.cluster > 1)
@@ -286,6 +290,8 @@ def test_norm_kernels_compile(monkeypatch, op, dtype, layout):
         long = {(8, _rows.SHARE_THREADS)} if dtype == torch.float32 else {(16, _rows.THREADS)}
         assert clustered == {(5, _rows.THREADS)} | long
         assert any(not p.one_pass and p.cluster == 1 for p in forward_plans)
+        backward_plans = plans(seen, "_norm_backward_factory")
+        assert {p.cluster for p in backward_plans if p.one_pass and p.cluster > 1} == {2, 3}
     else:
         assert clustered == {(5, _rows.THREADS)}
 

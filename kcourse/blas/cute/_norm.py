@@ -78,11 +78,11 @@ from .._layout import rows_of
 from . import _compile, _reduce
 from .axpby import axpby
 from ._reduce import WARP
-from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, check_sizes,
-                    butterfly, chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started, combine_sum,
-                    load_chunk, masked, plan, reduce_staged, reduction_buffer, row_allreduce, row_arguments,
-                    row_copy, row_grid, row_launch, row_thread, row_views, split_rows, spread_row, stage_chunk,
-                    staging_buffer, store_chunk, store_staged, to_registers)
+from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, butterfly, check_sizes,
+                    chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started,
+                    clusters_supported, combine_sum, load_chunk, masked, plan, reduce_staged, reduction_buffer,
+                    row_allreduce, row_arguments, row_cluster, row_copy, row_grid, row_launch, row_thread, row_views,
+                    split_rows, spread_row, stage_chunk, staging_buffer, store_chunk, store_staged, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
 STREAM_FORWARD = 32  # elements per thread per chunk of a longer row: forward (x; weight, bias)
@@ -105,6 +105,10 @@ class Launch:
       ones beside the accumulators do not fit). None (the default): ``backward_launch``'s choice for
       the call; a value fixes that one field. Longer rows take ``CTAS_PER_SM`` CTAs of 256 an SM, fewer
       (down to one an SM) where few rows a CTA would make the partials rival the data (``_backward_plan``).
+    - ``backward_cluster``: the backward (with dx) of a row of ``ON_CHIP_BACKWARD`` < D <= 16 x
+      ``ON_CHIP_BACKWARD`` columns (vector accesses, sm_90) over a cluster of CTAs, each keeping its
+      chunk of x and dy in registers, the row sums exchanged through distributed shared memory. None
+      (the default) or True: so; False: swept in chunks by one CTA a row, x and dy read twice.
     - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
       cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
       (cp.async) and reading it from there, for the statistics and again for y (``_rows.split_rows``'s
@@ -115,6 +119,7 @@ class Launch:
     backward_threads: int | None = None
     backward_ctas_per_sm: int | None = None
     backward_prefetch: bool | None = None
+    backward_cluster: bool | None = None
     staged: bool | None = None
 
 
@@ -379,6 +384,7 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
         bidx, _, _ = cute.arch.block_idx()
         ctas, _, _ = cute.arch.grid_dim()
         buffer = reduction_buffer(plan_, sums, stages=2)
+        peers = cluster_buffer(plan_, sums, stages=2)  # (a cluster per row: the row sums, row after row)
         smem = cutlass.memory.SmemAllocator()
         accumulators = (has_dw, has_db)
         sAcc = [None, None]  # (slots, CHUNK) float32 column sums of dy * xhat and dy, one slot per row of the CTA
@@ -392,10 +398,16 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
             staged = cute.make_ordered_layout((slots, chunk), order=(1, 0))
             sX = smem.allocate_tensor(mX.element_type, staged, byte_alignment=16)
             sdY = smem.allocate_tensor(mdY.element_type, staged, byte_alignment=16)
+        cluster_started(plan_, peers)
         first_row, lane, thr, tXcX = row_thread(tiled_copy, plan_)
         slot = tidx // tpr
         blocks = Int32(cute.ceil_div(rows, slots))  # blocks of `slots` consecutive rows (< 2^31: checked on the host)
         d = Float32(D)
+        # with a cluster per row (one row a CTA): CTA `rank` of cluster `group` takes chunk `rank` of the
+        # rows group, group + groups, ...; its partials are row `group`'s columns of that chunk
+        rank, group, groups = cluster_rank(plan_), bidx // plan_.cluster, ctas // plan_.cluster
+        if const_expr(plan_.cluster > 1):
+            cute.arch.cluster_wait()  # the peers run, their mbarriers set up: the exchanges below may start
         if const_expr(plan_.one_pass):
             tAcc = [None, None]  # this thread's slices of the accumulators, ((VEC, 1), VPT)
             for k in cutlass.range_constexpr(2):
@@ -406,20 +418,20 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                 g2s = row_copy(dtype, plan_, to_shared=True).get_slice(lane)
                 tXsX, tdYsdY = g2s.partition_D(sX[slot, None]), g2s.partition_D(sdY[slot, None])
                 stage_rows(g2s, mX, mdY, tXsX, tdYsdY, first_row, rows, D, tXcX, chunk, vpt)
-            for block in cutlass.range(bidx, blocks, ctas, unroll=1):
+            for block in cutlass.range(group, blocks, groups, unroll=1):
                 row = Int64(block) * slots + slot
                 n = Int32(0)
                 if row < rows:
                     n = D
-                pred = chunk_predicate(tXcX, n, vpt)
+                pred = chunk_predicate(tXcX, n - rank * chunk, vpt)
                 mean, rstd = row_stats(mMean, mRstd, row, rows)
                 if const_expr(prefetch):  # the row arrived in shared memory during the previous one
                     cute.arch.cp_async_wait_group(0)
                     x = to_registers(tiled_copy, tXsX, pred, 0.0).load().to(Float32)
                     dy = to_registers(tiled_copy, tdYsdY, pred, 0.0).load().to(Float32)
                 else:
-                    x = load_chunk(tiled_copy, thr, mX[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
-                    dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], 0, chunk, pred, 0.0).load().to(Float32)
+                    x = load_chunk(tiled_copy, thr, mX[None, (row,)], rank, chunk, pred, 0.0).load().to(Float32)
+                    dy = load_chunk(tiled_copy, thr, mdY[None, (row,)], rank, chunk, pred, 0.0).load().to(Float32)
                 xhat = (x - mean) * rstd
                 # the column sums first: dy is dead before the row reduction. (The warp sync keeps the
                 # compiler from promoting the accumulators to registers across rows: they stay in smem.)
@@ -433,21 +445,25 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
                                vpt)
                 if const_expr(has_dx):
                     # the weight is re-read for every row (an L1 hit) rather than held in registers
-                    g = grad_terms(dy, _param(tiled_copy, thr, mW, 0, chunk, pred))
-                    stage = ((block - bidx) // ctas) % 2  # alternate buffers: see row_allreduce
-                    totals = row_allreduce(row_sums(xhat, g), combine_sum, tpr, buffer, stage)
-                    store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], 0, chunk,
+                    g = grad_terms(dy, _param(tiled_copy, thr, mW, rank, chunk, pred))
+                    use = (block - group) // groups  # this CTA's row number: alternate buffers, see row_allreduce
+                    if const_expr(plan_.cluster > 1):
+                        totals = cluster_allreduce(butterfly(row_sums(xhat, g), combine_sum, WARP), combine_sum, plan_,
+                                                   peers, use, waited=True)
+                    else:
+                        totals = row_allreduce(row_sums(xhat, g), combine_sum, tpr, buffer, use % 2)
+                    store_chunk(tiled_copy, thr, rstd * row_grad(xhat, g, totals, d), mdX[None, (row,)], rank, chunk,
                                 pred)
-            # the CTA's row slots added column by column, in order: one row of partials
+            # the CTA's row slots added column by column, in order: one row of partials (its chunk's columns)
             cute.arch.barrier()
             for k in cutlass.range_constexpr(2):
                 if const_expr(accumulators[k]):
                     partials = (mdW, mdB)[k]
-                    for col in cutlass.range(tidx, D, plan_.threads, unroll=1):
+                    for col in cutlass.range(tidx, cutlass.min(chunk, D - rank * chunk), plan_.threads, unroll=1):
                         total = Float32(0.0)
                         for s in cutlass.range(slots, unroll=8):
                             total += sAcc[k][s, col]
-                        partials[bidx, col] = total
+                        partials[group, rank * chunk + col] = total
         else:  # rows of more than ON_CHIP_BACKWARD columns: one row at a time (slots == 1)
             chunks = cute.ceil_div(D, chunk)
             if const_expr(has_dx):  # sweep 1, row by row: the row sums (into mTotals when chunk-major)
@@ -517,7 +533,7 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
         if const_expr(center):
             mMean = cute.make_tensor(pMean, cute.make_layout((rows,)))
         mRstd = cute.make_tensor(pRstd, cute.make_layout((rows,)))
-        partials = cute.make_layout((ctas, D), stride=(Int64(D), 1))
+        partials = cute.make_layout((ctas // plan_.cluster, D), stride=(Int64(D), 1))
         mdW = cute.make_tensor(pdW, partials) if const_expr(has_dw) else None
         mdB = cute.make_tensor(pdB, partials) if const_expr(has_db) else None
         mTotals = None
@@ -525,7 +541,7 @@ def _norm_backward_factory(center: bool, dtype, plan_, has_w: bool, has_dx: bool
             mTotals = cute.make_tensor(pTotals, cute.make_layout((rows, sums), stride=(sums, 1)))
         norm_backward_kernel(mdY, mX, _vector(pW, D, plan_.vec), mMean, mRstd, mdX, mdW, mdB, mTotals, rows, D,
                              row_copy(dtype, plan_)).launch(grid=[ctas, 1, 1], block=[plan_.threads, 1, 1],
-                                                            stream=stream)
+                                                            cluster=row_cluster(plan_), stream=stream)
 
     return norm_backward_host
 
@@ -727,6 +743,17 @@ def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch
     op = "layer_norm" if center else "rms_norm"
     vec, plan_, args = _rows(op, row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
     per_sm, prefetch = CTAS_PER_SM, False
+    cluster = -(-d // ON_CHIP_BACKWARD)
+    if (not plan_.one_pass and needs[0] and vec > 1 and cluster <= CLUSTER_MAX_SM90 and clusters_supported()
+            and launch.backward_cluster is not False):
+        # a row of up to 16 x 8192 columns over a cluster of CTAs, each keeping its chunk's x and dy in
+        # registers: x and dy read once (3NDs), the row sums exchanged row after row (cluster_allreduce)
+        plan_ = plan(ON_CHIP_BACKWARD, vec, [1] * len(plan_.units), ON_CHIP_BACKWARD, STREAM_BACKWARD)._replace(
+            cluster=cluster)  # (vector accesses: every column stride is 1)
+        per_sm = CTAS_PER_SM
+        ctas = cluster * max(1, min(n, per_sm * sms // cluster))
+        key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], False)
+        return key, vec * x2.element_size(), ctas, args
     if plan_.one_pass:
         threads, per_sm, prefetch = backward_launch(center, x2.element_size(), vec, plan_.tpr)
         threads = launch.backward_threads or threads

@@ -633,31 +633,34 @@ def chunk_range(N, plan_: Plan) -> tuple:
     return cluster_rank(plan_) * share, share
 
 
-def cluster_buffer(plan_: Plan, values: int):
-    """Shared memory for ``cluster_allreduce``: ``(slots, barrier)``, a (cluster x warps, values)
-    float32 slot per warp of every CTA of the row and the mbarrier that counts the bytes stored
-    into them; None without a cluster. Call before any branch, then ``cluster_started``."""
+def cluster_buffer(plan_: Plan, values: int, stages: int = 1):
+    """Shared memory for ``cluster_allreduce``: ``(slots, barriers)``, per stage a (cluster x warps,
+    values) float32 slot per warp of every CTA of the row and the mbarrier that counts the bytes
+    stored into them; None without a cluster. A kernel that exchanges once takes one stage, one
+    that exchanges row after row two (``cluster_allreduce``'s ``use``). Call before any branch,
+    then ``cluster_started``."""
     if const_expr(plan_.cluster == 1):
         return None
     smem = cutlass.memory.SmemAllocator()
     warps = plan_.threads // _reduce.WARP
-    slots = smem.allocate_tensor(Float32, cute.make_ordered_layout((plan_.cluster * warps, values), order=(1, 0)),
-                                 byte_alignment=16)
-    return slots, smem.allocate_tensor(Int64, cute.make_layout((1,)), byte_alignment=8)
+    slots = smem.allocate_tensor(Float32, cute.make_ordered_layout((stages, plan_.cluster * warps, values),
+                                                                   order=(2, 1, 0)), byte_alignment=16)
+    return slots, smem.allocate_tensor(Int64, cute.make_layout((stages,)), byte_alignment=8)
 
 
 @cute.jit
 def cluster_started(plan_: cutlass.Constexpr, peers) -> None:
-    """With a cluster per row: thread 0 sets up the CTA's mbarrier (``peers``) to expect the
-    cluster's values, all of the CTA's slots' bytes, and every thread arrives on the cluster barrier
-    whose wait, in ``cluster_allreduce``, guarantees that every CTA of the cluster runs and has its
-    mbarrier set up before a remote store; the row's loads go on meanwhile."""
+    """With a cluster per row: thread 0 sets up the CTA's mbarriers (``peers``, one a stage), each to
+    expect a stage's slots' bytes, and every thread arrives on the cluster barrier whose wait, in
+    ``cluster_allreduce``, guarantees that every CTA of the cluster runs and has its mbarriers set
+    up before a remote store; the row's loads go on meanwhile."""
     if const_expr(plan_.cluster > 1):
-        slots, barrier = peers
+        slots, barriers = peers
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
-            cute.arch.mbarrier_init(barrier.iterator, 1)
-            cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator, cute.size(slots) * 4)
+            for stage in cutlass.range_constexpr(cute.size(barriers)):
+                cute.arch.mbarrier_init(barriers.iterator + stage, 1)
+                cute.arch.mbarrier_arrive_and_expect_tx(barriers.iterator + stage, cute.size(slots[0, None, None]) * 4)
         cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
 
@@ -677,35 +680,53 @@ def store_to_peer(smem: cute.Pointer, barrier: cute.Pointer, rank, value: Float3
 
 
 @cute.jit
-def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, peers) -> tuple:
+def cluster_allreduce(vals: tuple, combine: cutlass.Constexpr, plan_: cutlass.Constexpr, peers, use=0,
+                      waited: cutlass.Constexpr[bool] = False) -> tuple:
     """``vals`` (a warp's result, the same in all its lanes; ``combine`` commutative) combined over
     the warps of the row's cluster (every thread of each CTA on the row), returned to every thread.
-    No barrier inside the CTA: once the cluster runs (``cluster_started``'s barrier), lane ``r`` of each warp
-    stores the warp's values into its slot [rank, warp] of CTA ``r``'s buffer (``st.async`` through
-    ``mapa``), each store counted by CTA ``r``'s mbarrier; every warp waits on its CTA's mbarrier for
-    all the slots' bytes (T = cluster x warps slots), then lane l combines the slots l, l + W,
-    l + 2W, ... (W the largest power of two <= min(T, 32)) in order, and a butterfly over W lanes
-    finishes: the same order, so the same bits, in every thread of every CTA. Each CTA is written
-    once by each warp of the cluster and waits for all of them, so none is written after it exits.
-    Once a kernel (the mbarrier's one phase)."""
+    No barrier inside the CTA: once the cluster runs (``cluster_started``'s barrier, waited for here
+    unless ``waited``), lane ``r`` of each warp stores the warp's values into its slot [rank, warp]
+    of CTA ``r``'s buffer (``st.async`` through ``mapa``), each store counted by CTA ``r``'s
+    mbarrier; every warp waits on its CTA's mbarrier for all the slots' bytes (T = cluster x warps
+    slots), then lane l combines the slots l, l + W, l + 2W, ... (W the largest power of two <=
+    min(T, 32)) in order, and a butterfly over W lanes finishes: the same order, so the same bits,
+    in every thread of every CTA. Each CTA is written once a use by each warp of the cluster and
+    waits for all of them, so none is written after it exits.
+
+    ``use``: the exchange's number in a kernel that exchanges row after row (``waited``: its caller
+    waited for the cluster barrier once, before its loop), through two stages: use u fills stage
+    u % 2, whose mbarrier completes its phase (u / 2) % 2, and thread 0 re-arms it for use u + 2.
+    A warp's stores of use u + 1 follow its reads of use u, and a CTA's of use u + 2 follow all of
+    use u + 1 from every warp of the peers -- so no stage is written while it is read, nor before
+    it is re-armed."""
     if const_expr(plan_.cluster > 1):
-        slots, barrier = peers
+        slots, barriers = peers
+        stages = cute.size(barriers)
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         warps = plan_.threads // _reduce.WARP
         total = plan_.cluster * warps
         width = min(1 << (total.bit_length() - 1), _reduce.WARP)
         slot = cluster_rank(plan_) * warps + warp
-        cute.arch.cluster_wait()  # the peers run, their mbarriers set up (cluster_started)
+        stage, parity = Int32(0), Int32(0)
+        if const_expr(stages > 1):
+            stage, parity = Int32(use % stages), Int32((use // stages) % 2)
+        stage_slots = slots[stage, None, None]
+        if const_expr(not waited):
+            cute.arch.cluster_wait()  # the peers run, their mbarriers set up (cluster_started)
         if lane < plan_.cluster:
             for k in cutlass.range_constexpr(len(vals)):
-                store_to_peer(slots.iterator + slot * len(vals) + k, barrier.iterator, lane, vals[k])
-        cute.arch.mbarrier_wait(barrier.iterator, 0)  # every warp's values are here
+                store_to_peer(stage_slots.iterator + slot * len(vals) + k, barriers.iterator + stage, lane, vals[k])
+        cute.arch.mbarrier_wait(barriers.iterator + stage, parity)  # every warp's values are here
         first = lane % width
-        out = tuple(slots[first, k] for k in range(len(vals)))
+        out = tuple(stage_slots[first, k] for k in range(len(vals)))
         for i in cutlass.range_constexpr(1, -(-total // width)):
             if first + i * width < total:
-                out = combine(out, tuple(slots[first + i * width, k] for k in range(len(vals))))
+                out = combine(out, tuple(stage_slots[first + i * width, k] for k in range(len(vals))))
         vals = butterfly(out, combine, width)
+        if const_expr(stages > 1):
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:  # this stage's next use
+                cute.arch.mbarrier_arrive_and_expect_tx(barriers.iterator + stage, total * len(vals) * 4)
     return vals
 
 
