@@ -785,7 +785,8 @@ def norm_backward(dout, x2, weight, mean, rstd, needs):
     key, align, ctas, args = _backward_plan(_compile.Operand.of(dy2), _compile.Operand.of(x2), _operand(weight), needs,
                                             mean is not None, _reduce.sm_count_of(x2.get_device()),
                                             tuning.launch("layer_norm" if mean is not None else "rms_norm"))
-    partials, dw, db = _host.weight_partials(needs, ctas, d, x2.device)  # one buffer, one column-sum launch
+    # one buffer, one column-sum launch; a row of partials a CTA, or a cluster's CTAs sharing one
+    partials, dw, db = _host.weight_partials(needs, ctas // key[2].cluster, d, x2.device)
     totals = None  # rows swept in chunks, with dx and a column sum: their row sums between the two sweeps
     if not key[2].one_pass and needs[0] and partials is not None:
         totals = _compile.workspace((_norm_backward_factory, key), x2, n * (2 if mean is not None else 1))
