@@ -45,7 +45,11 @@ Backward (``norm_backward_kernel``, P CTAs: one of 512 threads or two of 256 an 
     next row's x and dy into shared memory (cp.async) as soon as this row's are in registers, and
     waits for that copy (its own: no barrier) at the top of the next row: the loads of one row fly
     while the CTA reduces and stores the one before. At the end the CTA adds its row slots'
-    accumulators column by column, in order, and writes one row of float32 partials (P, D). A longer
+    accumulators column by column, in order, and writes one row of float32 partials (P, D). A row of
+    up to 16 x ``ON_CHIP_BACKWARD`` columns (vector accesses, sm_90, dx asked for) is spread over a
+    cluster of CTAs, CTA ``rank`` taking chunk ``rank`` of the cluster's rows as above (one row a
+    CTA, no prefetch); the row sums meet through ``_rows.cluster_allreduce``, row after row in two
+    stages, and each cluster writes one row of partials (P = clusters). A longer
     row is swept in chunks, twice: first row by row for its row sums (kept in a (N, 2) float32 scratch,
     rms_norm (N, 1), one thread a row), then chunk by chunk over the CTA's rows, where each chunk of dx is written
     beside that chunk's column sums, which stay in registers (x and dy read twice and dx written once:
