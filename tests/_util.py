@@ -41,6 +41,19 @@ def require_backend(name: str) -> None:
         pytest.skip(f"{name} backend unavailable here: {info.reason}")
 
 
+def require_cute_clusters() -> None:
+    """Skip (saying why) unless the cute kernels run here with thread block clusters (a GPU of sm_90+)."""
+    import pytest
+
+    if DEVICE != "cuda":
+        pytest.skip("the cute kernels run on a GPU")
+    require_backend("cute")
+    from kcourse.blas.cute import _rows
+
+    if not _rows.clusters_supported():
+        pytest.skip("thread block clusters need sm_90+")
+
+
 def require_dtype(backend: str, dtype: torch.dtype) -> None:
     """Skip (saying why) where the backend has no kernel for ``dtype``: float64 runs on python and pytorch only."""
     import pytest

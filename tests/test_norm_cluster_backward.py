@@ -9,7 +9,7 @@ import torch
 
 from kcourse import blas
 from kcourse.blas import tuning
-from _util import DEVICE, DTYPES, assert_close, randn, require_backend
+from _util import DTYPES, assert_close, randn, require_cute_clusters
 
 pytestmark = pytest.mark.gpu
 
@@ -20,13 +20,7 @@ SHAPES = [(300, 16392), (64, 65536), (5, 131072), (33, 20000), (700, 24576)]
 
 @pytest.fixture(autouse=True)
 def cute_with_clusters():
-    if DEVICE != "cuda":
-        pytest.skip("the cute kernels run on a GPU")
-    require_backend("cute")
-    from kcourse.blas.cute import _rows
-
-    if not _rows.clusters_supported():
-        pytest.skip("thread block clusters need sm_90+")
+    require_cute_clusters()
 
 
 def gradients(op, backend, x, w, b, dy):

@@ -8,7 +8,7 @@ import torch
 
 from kcourse import blas
 from kcourse.blas import tuning
-from _util import DEVICE, DTYPES, TOL, assert_close, randn, require_backend
+from _util import DTYPES, TOL, assert_close, randn, require_cute_clusters
 
 pytestmark = pytest.mark.gpu
 
@@ -21,13 +21,7 @@ OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm"]
 
 @pytest.fixture(autouse=True)
 def cute_with_clusters():
-    if DEVICE != "cuda":
-        pytest.skip("the cute kernels run on a GPU")
-    require_backend("cute")
-    from kcourse.blas.cute import _rows
-
-    if not _rows.clusters_supported():
-        pytest.skip("thread block clusters need sm_90+")
+    require_cute_clusters()
 
 
 def call(op, backend, x, w, b):
