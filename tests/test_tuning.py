@@ -10,7 +10,7 @@ from kcourse.blas import tuning
 
 pytest.importorskip("cutlass", reason="the CuTe DSL is not installed (pip install -e '.[cute]')")
 
-from kcourse.blas.cute import _compile, _rows  # noqa: E402
+from kcourse.blas.cute import _compile, _rows, _softmax  # noqa: E402
 from kcourse.blas.cute import attention, layer_norm, log_softmax, softmax  # noqa: E402
 from _cute import recorded_kernels  # noqa: E402
 
@@ -39,14 +39,14 @@ def test_softmax_override_reaches_the_plans_and_ends(keys):
     shipped = run()
     assert [(p.cluster, p.threads) for p in shipped] == [(1, 512), (1, 512)]
     with tuning.override("softmax", cluster=2) as table:
-        assert table == tuning.launch("softmax") == _rows.Launch(cluster=2)
+        assert table == tuning.launch("softmax") == _softmax.Launch(cluster=2)
         assert [p.cluster for p in run()] == [2, 2]
         with tuning.override("softmax", row_threads=256, backward_threads=256):  # on top of cluster=2
             assert [p.cluster for p in run()] == [2, 2]
         assert [p.cluster for p in run(log_softmax.log_softmax, log_softmax.log_softmax_backward)] == [1, 1]
     with tuning.override("softmax", row_threads=256, backward_threads=256):
         assert [(p.cluster, p.threads) for p in run()] == [(1, 256), (1, 256)]
-    assert run() == shipped and tuning.launch("softmax") is _rows.LAUNCH
+    assert run() == shipped and tuning.launch("softmax") is _softmax.LAUNCH
 
 
 def test_norm_backward_override(keys):
@@ -88,4 +88,4 @@ def test_unknown_op_or_field():
     with pytest.raises(TypeError, match="clusters"):
         with tuning.override("softmax", clusters=2):
             pass
-    assert tuning.launch("softmax") is _rows.LAUNCH
+    assert tuning.launch("softmax") is _softmax.LAUNCH

@@ -160,7 +160,7 @@ def norm_variants_case(op, dtype, d, profile):
     return row
 
 
-ROW_VARIANTS = {  # name: fields of the softmax table (``_rows.Launch``); "config": the shipped ones
+ROW_VARIANTS = {  # name: fields of the softmax table (``_softmax.Launch``); "config": the shipped ones
     "config": {}, "256": {"row_threads": 256, "backward_threads": 256}}
 
 

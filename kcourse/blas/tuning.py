@@ -7,16 +7,18 @@ means; its defaults are what ships. A field whose default is None leaves the cho
 rule for the call's shape (``_rows.split_rows``, ``_norm.backward_launch``,
 ``_attention_fwd_sm90.config``, ...); a value fixes it for every call.
 
-========================  ====================================  ===================================
-op                        table                                 fields
-========================  ====================================  ===================================
-softmax, log_softmax      ``kcourse.blas.cute._rows.LAUNCH``    cluster, row_threads, backward_threads
-cross_entropy             ``kcourse.blas.cute.cross_entropy``   cluster
-layer_norm, rms_norm      ``kcourse.blas.cute._norm.LAUNCH``    row_threads, backward_threads,
-                                                                backward_ctas_per_sm, backward_prefetch
-attention                 ``kcourse.blas.cute.attention``       the Hopper forward's and backward's
-                                                                walk, buffers and stores
-========================  ====================================  ===================================
+========================  =====================================  ===================================
+op                        table                                  fields
+========================  =====================================  ===================================
+softmax, log_softmax      ``kcourse.blas.cute._softmax.LAUNCH``  cluster, row_threads, backward_threads,
+                                                                 staged
+cross_entropy             ``kcourse.blas.cute.cross_entropy``    cluster
+layer_norm, rms_norm      ``kcourse.blas.cute._norm.LAUNCH``     row_threads, backward_threads,
+                                                                 backward_ctas_per_sm, backward_prefetch,
+                                                                 backward_cluster, staged
+attention                 ``kcourse.blas.cute.attention``        the Hopper forward's and backward's
+                                                                 walk, buffers and stores
+========================  =====================================  ===================================
 
 (Only the cute backend has such choices: triton's kernels pick theirs with ``triton.autotune``.)
 Ops that share a table's type keep separate tables: overriding softmax leaves log_softmax alone.
@@ -48,8 +50,8 @@ import importlib
 # op -> (module, attribute) of its shipped table; imported on first use, so that an override can be
 # set up before the op has run (and on a machine without the backend it fails with the import error)
 TABLES = {
-    "softmax": ("kcourse.blas.cute._rows", "LAUNCH"),
-    "log_softmax": ("kcourse.blas.cute._rows", "LAUNCH"),
+    "softmax": ("kcourse.blas.cute._softmax", "LAUNCH"),
+    "log_softmax": ("kcourse.blas.cute._softmax", "LAUNCH"),
     "cross_entropy": ("kcourse.blas.cute.cross_entropy", "LAUNCH"),
     "layer_norm": ("kcourse.blas.cute._norm", "LAUNCH"),
     "rms_norm": ("kcourse.blas.cute._norm", "LAUNCH"),

@@ -6,7 +6,7 @@ FLOPs ~5 per element forward, 3 backward. Bytes: read x and write y (2 * numel *
 of up to 16384 elements, kept in registers; a longer row is read twice. Memory bound. The kernels,
 shared with softmax, are in ``_rows.py``.
 """
-from ._rows import softmax_rows, softmax_rows_backward
+from ._softmax import softmax_rows, softmax_rows_backward
 
 
 def log_softmax(x, dim):

@@ -7,7 +7,7 @@ of up to 16384 elements, kept in registers; a longer row is read twice. Memory b
 shared with log_softmax, are in ``_rows.py`` (rows along any dim addressed through layouts,
 128-bit accesses, warp-shuffle then shared-memory row reductions, an online logsumexp).
 """
-from ._rows import softmax_rows, softmax_rows_backward
+from ._softmax import softmax_rows, softmax_rows_backward
 
 
 def softmax(x, dim):
