@@ -85,7 +85,7 @@ from ._reduce import WARP
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, butterfly, check_sizes,
                     chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started,
                     clusters_supported, combine_sum, load_chunk, masked, plan, reduce_staged, reduction_buffer,
-                    row_allreduce, row_arguments, row_cluster, row_copy, row_grid, row_launch, row_thread, row_views,
+                    row_allreduce, row_arguments, row_cluster, row_copy, row_launch, row_thread, row_views,
                     split_rows, spread_row, stage_chunk, staging_buffer, store_chunk, store_staged, to_registers)
 
 ON_CHIP_BACKWARD = 8192  # the longest row the backward keeps on chip (x and dy: 32 elements each per thread)
