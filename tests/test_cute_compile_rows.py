@@ -235,6 +235,32 @@ def test_clusters_of_16_and_staged_shares_where_measured(monkeypatch):
         assert norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16)[:2] == (1, False)  # else a CTA sweeps a row
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_norm_backward_over_a_cluster_where_it_applies(monkeypatch, dtype):
+    # the norm backward with dx: rows of 8192 < D <= 16 x 8192 over ceil(D / 8192) CTAs of one 8192-column
+    # chunk each (vector accesses); longer rows, scalar accesses, no dx, or Launch.backward_cluster=False:
+    # swept by one CTA a row. The plans alone, nothing compiled.
+    seen = recorded_kernels(monkeypatch)
+    rms_norm, rms_norm_backward = op_functions("rms_norm")
+
+    def backward(d, needs=(True, True), layout="contiguous", rows=3):
+        seen.clear()
+        with _compile.compiling_only():
+            y, cache = rms_norm(t(rows, d, dtype=dtype, layout=layout), t(d, dtype=dtype), eps=1e-6)
+            rms_norm_backward(t(rows, d, dtype=dtype), cache, needs, eps=1e-6)
+        (p,) = {p for name, key in seen if name == "_norm_backward_factory" for p in key if isinstance(p, _rows.Plan)}
+        return p.cluster, p.one_pass, p.chunk, p.threads
+
+    assert backward(8192)[:2] == (1, True)  # kept on chip by one CTA
+    assert backward(8200) == (2, True, 8192, _rows.THREADS)  # the second CTA takes 8 columns
+    assert backward(131072) == (16, True, 8192, _rows.THREADS)  # Hopper's largest cluster
+    assert backward(131080)[:2] == (1, False)  # more than 16 chunks: swept
+    assert backward(20000, needs=(False, True))[:2] == (1, False)  # no dx: no row sums to exchange
+    assert backward(20001)[:2] == (1, False)  # scalar accesses
+    with tuning.override("rms_norm", backward_cluster=False):
+        assert backward(20000)[:2] == (1, False)
+
+
 def test_cross_entropy_backward_splits_many_long_rows(monkeypatch):
     # rows enough for every SM: the forward keeps a CTA per row (swept in chunks), the backward
     # shares each row of 20000 among 3 CTAs of one chunk each (cross_entropy.BACKWARD_SHARE)
