@@ -754,8 +754,7 @@ def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch
         # registers: x and dy read once (3NDs), the row sums exchanged row after row (cluster_allreduce)
         plan_ = plan(ON_CHIP_BACKWARD, vec, [1] * len(plan_.units), ON_CHIP_BACKWARD, STREAM_BACKWARD)._replace(
             cluster=cluster)  # (vector accesses: every column stride is 1)
-        per_sm = CTAS_PER_SM
-        ctas = cluster * max(1, min(n, per_sm * sms // cluster))
+        ctas = cluster * max(1, min(n, CTAS_PER_SM * sms // cluster))
         key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], False)
         return key, vec * x2.element_size(), ctas, args
     if plan_.one_pass:

@@ -389,14 +389,12 @@ def reduce_staged(staged: cute.Tensor, pred: cute.Tensor, vpt: cutlass.Constexpr
     ``store_staged``, so that few values are live at once)."""
     for j in cutlass.range_constexpr(vpt):
         if pred[0, j]:
-            rX = cute.make_rmem_tensor_like(staged[None, j])
-            cute.autovec_copy(staged[None, j], rX)
-            vals = fn(vals, rX.load().to(Float32))
+            vals = fn(vals, _vector_values(staged[None, j]))
     return vals
 
 
 def _vector_values(v: cute.Tensor):
-    """One vector ``v`` (in registers or global memory) as a float32 TensorSSA."""
+    """One vector ``v`` (in registers, shared or global memory) as a float32 TensorSSA."""
     r = cute.make_rmem_tensor_like(v)
     cute.autovec_copy(v, r)
     return r.load().to(Float32)
@@ -415,11 +413,9 @@ def store_staged(tiled_copy: cute.TiledCopy, thr, staged: cute.Tensor, row: cute
     tYgY = thr.partition_D(cute.local_tile(row, (chunk,), (index,)))
     for j in cutlass.range_constexpr(vpt):
         if pred[0, j]:
-            rX = cute.make_rmem_tensor_like(staged[None, j])
-            cute.autovec_copy(staged[None, j], rX)
             ps = tuple(None if const_expr(p is None) else _vector_values(p[None, j]) for p in params)
             rY = cute.make_rmem_tensor_like(tYgY[None, j])
-            rY.store(fn(rX.load().to(Float32), *ps).to(row.element_type))
+            rY.store(fn(_vector_values(staged[None, j]), *ps).to(row.element_type))
             cute.autovec_copy(rY, tYgY[None, j])
 
 
