@@ -21,7 +21,7 @@ def kernels(name):
     backward(dout, q, k, v, cache, causal, scale)."""
     if name.startswith("gluon"):  # gluon-<schedule>-<keys per tile>: gluon_attention.py's forwards
         from benchmarks.experiments import gluon_attention
-        _, schedule, block_n = name.split("-")
+        schedule, block_n = name.removeprefix("gluon-").rsplit("-", 1)
         def forward(*args):
             out, lse = gluon_attention.forward(schedule, int(block_n), *args)
             return out, (out, lse)
