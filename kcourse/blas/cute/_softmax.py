@@ -37,8 +37,8 @@ from . import _compile, _reduce
 from ._elementwise import coordinate
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, LOG2E, MAX_ONE_PASS, NEG_INF, THREADS, VALUES,
                     Plan, check_sizes, chunk_lse, chunk_predicate, chunk_range, cluster_buffer, cluster_started,
-                    combine_lse, combine_max, combine_sum, exp2f, exp_shifted, load_chunk, online_lse, plan, reduce_staged,
-                    reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width, row_views,
+                    combine_lse, combine_max, combine_sum, exp2f, exp_shifted, load_chunk, online_lse, plan,
+                    reduce_staged, reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width, row_views,
                     rows_allreduce, shift_of, split_rows, spread_row, stage_chunk, staging_buffer, store_chunk,
                     store_staged, to_registers)
 
@@ -151,7 +151,8 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                 tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, first, on, sX)
                 (m_t,) = reduce_staged(tXsX, on, vpt, _max_of, (Float32(NEG_INF),))
                 shift = shift_of(m_t)
-                state = (m_t, reduce_staged(tXsX, on, vpt, lambda a, x: (a[0] + _exp_sum(x, shift),), (Float32(0.0),))[0])
+                state = (m_t, reduce_staged(tXsX, on, vpt, lambda a, x: (a[0] + _exp_sum(x, shift),),
+                                            (Float32(0.0),))[0])
             else:
                 for c in cutlass.range(first, first + count, unroll=1):
                     pred = chunk_predicate(tXcX, n - c * chunk, vpt)
