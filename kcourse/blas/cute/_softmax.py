@@ -38,9 +38,9 @@ from ._elementwise import coordinate
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, LOG2E, MAX_ONE_PASS, NEG_INF, THREADS, VALUES,
                     Plan, check_sizes, chunk_lse, chunk_predicate, chunk_range, cluster_buffer, cluster_started,
                     combine_lse, combine_max, combine_sum, exp2f, exp_shifted, load_chunk, online_lse, plan,
-                    reduce_staged, reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width, row_views,
-                    rows_allreduce, shift_of, split_rows, spread_row, stage_chunk, staging_buffer, store_chunk,
-                    store_staged, to_registers)
+                    reduce_staged, reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width,
+                    row_views, rows_allreduce, shift_of, split_rows, spread_row, stage_chunk, staging_buffer,
+                    store_chunk, store_staged, to_registers)
 
 BACKWARD_THREADS = 512  # the backward's CTAs over rows kept in registers, at most VALUES elements a thread
 
