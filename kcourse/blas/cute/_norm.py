@@ -251,12 +251,11 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
             tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
             count, warp_mean = Float32(0.0), Float32(0.0)  # this warp's exact statistics, then the row's
             if const_expr(center):
-                total, count = butterfly((reduce_staged(tXsX, pred, vpt, _sum_of, (Float32(0.0),), ahead=False)[0],
+                total, count = butterfly((reduce_staged(tXsX, pred, vpt, _sum_of, (Float32(0.0),))[0],
                                           _valid(pred, vpt, plan_.vec)), combine_sum, WARP)
                 warp_mean = total / cute.arch.fmax(count, Float32(1.0))
-            # (reading ahead beside the weight's and bias's loads in flight spills: layer_norm does not)
             (squares,) = butterfly(reduce_staged(tXsX, pred, vpt, lambda a, x: _squares(a, x, warp_mean, center),
-                                                 (Float32(0.0),), ahead=not center), combine_sum, WARP)
+                                                 (Float32(0.0),)), combine_sum, WARP)
             mean, squares = _cluster_moments(count, warp_mean, squares, plan_, peers, center)
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             store_staged(tiled_copy, thr, tXsX, y_row, c, chunk, pred, vpt,

@@ -383,38 +383,14 @@ def store_chunk(tiled_copy: cute.TiledCopy, thr, values, row: cute.Tensor, index
 
 @cute.jit
 def reduce_staged(staged: cute.Tensor, pred: cute.Tensor, vpt: cutlass.Constexpr[int], fn: cutlass.Constexpr,
-                  vals: tuple, ahead: cutlass.Constexpr[bool] = True) -> tuple:
+                  vals: tuple) -> tuple:
     """``vals`` (a tuple of Float32) updated to ``fn(vals, x)`` for each vector x (float32 TensorSSA)
-    of this thread's staged chunk (``stage_chunk``) on ``pred``, a vector at a time (as
-    ``store_staged``, so that few values are live at once), each read ``AHEAD`` vectors early; or,
-    without ``ahead`` (where other loads hold many registers meanwhile), when its turn comes."""
-    xs = _read_ahead(staged, vpt) if const_expr(ahead) else None
+    of this thread's staged chunk (``stage_chunk``) on ``pred``, one vector at a time (as
+    ``store_staged``, so that few values are live at once)."""
     for j in cutlass.range_constexpr(vpt):
-        if const_expr(ahead):
-            x = _next_vector(staged, xs, j, vpt)
-            if pred[0, j]:
-                vals = fn(vals, x)
-        elif pred[0, j]:
+        if pred[0, j]:
             vals = fn(vals, _vector_values(staged[None, j]))
     return vals
-
-
-AHEAD = 2  # staged vectors read from shared memory before the one in use (their latencies overlap)
-
-
-def _read_ahead(staged: cute.Tensor, vpt: int) -> list:
-    """The first ``AHEAD`` vectors of a staged slice, read (float32 TensorSSAs): ``_next_vector``'s queue.
-    The reads are unconditional (a vector off the row reads stale shared memory, never used), so no
-    branch stands between a read and the vectors before it: a read behind a branch waits its whole
-    latency when its vector's turn comes."""
-    return [_vector_values(staged[None, j]) for j in range(min(AHEAD, vpt))]
-
-
-def _next_vector(staged: cute.Tensor, xs: list, j: int, vpt: int):
-    """Vector ``j`` from the queue ``xs``, after issuing the read of vector ``j + AHEAD``."""
-    if j + AHEAD < vpt:
-        xs.append(_vector_values(staged[None, j + AHEAD]))
-    return xs[j]
 
 
 def _vector_values(v: cute.Tensor):
@@ -429,40 +405,18 @@ def store_staged(tiled_copy: cute.TiledCopy, thr, staged: cute.Tensor, row: cute
                  chunk: cutlass.Constexpr[int], pred: cute.Tensor, vpt: cutlass.Constexpr[int], fn: cutlass.Constexpr,
                  params: tuple = ()):
     """Store ``fn(x, *p)`` into chunk ``index`` of ``row`` (rounded to its dtype), the vectors on
-    ``pred``, a vector at a time: x is this thread's vector of the staged chunk (``staged``, from
-    ``stage_chunk``, read ``AHEAD`` vectors early) and each p the same vector of a parameter's
-    slice, ``((VEC, 1), VPT)`` in registers (loaded already) or in global memory (read here), or
-    None; both as float32. A vector's float32 values are all that is live at once beside the rounded
-    outputs, not the thread's whole chunk (whose 64 float32 values, beside a parameter's, would
-    take about 120 registers and cost a CTA per SM). With at most one parameter the outputs leave
-    together, by stores predicated on ``pred``: no branch around the arithmetic, which would hold
-    each vector's read back until its turn; beside two parameters (layer_norm's weight and bias)
-    they would spill, and each vector leaves when done."""
+    ``pred``, one vector at a time: x is this thread's vector of the staged chunk (``staged``, from
+    ``stage_chunk``) and each p the same vector of a parameter's slice, ``((VEC, 1), VPT)`` in
+    registers (loaded already) or in global memory (read here), or None; both as float32. A
+    vector's values are all that is live at once, not the thread's whole chunk (whose 64 float32
+    values, beside a parameter's, would take about 120 registers and cost a CTA per SM)."""
     tYgY = thr.partition_D(cute.local_tile(row, (chunk,), (index,)))
-    rY = cute.make_rmem_tensor_like(tYgY)
-    together = sum(p is not None for p in params) <= 1  # else the outputs wait beside two parameters': spills
-    xs = _read_ahead(staged, vpt)
     for j in cutlass.range_constexpr(vpt):
-        x = _next_vector(staged, xs, j, vpt)
-        if const_expr(together):
-            ps = tuple(None if const_expr(p is None) else _vector_on(p[None, j], pred[0, j]) for p in params)
-            rY[None, j].store(fn(x, *ps).to(row.element_type))
-        elif pred[0, j]:
-            rV = cute.make_rmem_tensor_like(tYgY[None, j])
-            rV.store(fn(x, *(_vector_values(p[None, j]) for p in params)).to(row.element_type))
-            cute.autovec_copy(rV, tYgY[None, j])
-    if const_expr(together):
-        cute.copy(tiled_copy, rY, tYgY, pred=pred)
-
-
-@cute.jit
-def _vector_on(v: cute.Tensor, on):
-    """``_vector_values(v)`` where ``on``, zeros elsewhere (``v`` is not read there)."""
-    r = cute.make_rmem_tensor_like(v)
-    r.fill(0.0)
-    if on:
-        cute.autovec_copy(v, r)
-    return r.load().to(Float32)
+        if pred[0, j]:
+            ps = tuple(None if const_expr(p is None) else _vector_values(p[None, j]) for p in params)
+            rY = cute.make_rmem_tensor_like(tYgY[None, j])
+            rY.store(fn(_vector_values(staged[None, j]), *ps).to(row.element_type))
+            cute.autovec_copy(rY, tYgY[None, j])
 
 
 @cute.jit
@@ -492,14 +446,6 @@ def exp2f(x):
 
 
 @cute.jit
-def exp_shifted(x, shift: Float32):
-    """exp(x - shift) of a float32 TensorSSA as 2^(x log2 e - shift log2 e): an FFMA and an ex2 an
-    element. The rounding of ``shift log2 e`` scales every element by the same factor (within
-    half an ulp of it), which a normalization by sums formed the same way cancels."""
-    return exp2f(x * LOG2E - shift * LOG2E)
-
-
-@cute.jit
 def combine_lse(a: tuple, b: tuple) -> tuple:
     """Two (max, sum of exp(x - max)) pairs as one."""
     m = cute.arch.fmax(a[0], b[0])
@@ -523,7 +469,7 @@ def combine_sum(a: tuple, b: tuple) -> tuple:
 def chunk_lse(x) -> tuple:
     """``(m, s, e)`` of a float32 TensorSSA: its max, the sum of e = exp(x - shift_of(m)), and e."""
     m = x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0)
-    e = exp_shifted(x, shift_of(m))
+    e = exp2f((x - shift_of(m)) * LOG2E)
     return m, e.reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0), e
 
 
@@ -533,7 +479,7 @@ def online_lse(state: tuple, x) -> tuple:
     m_new = cute.arch.fmax(state[0], x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0))
     shift = shift_of(m_new)
     s = state[1] * exp2f((state[0] - shift) * LOG2E) \
-        + exp_shifted(x, shift).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+        + exp2f((x - shift) * LOG2E).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
     return m_new, s
 
 

@@ -37,10 +37,10 @@ from . import _compile, _reduce
 from ._elementwise import coordinate
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, LOG2E, MAX_ONE_PASS, NEG_INF, THREADS, VALUES,
                     Plan, check_sizes, chunk_lse, chunk_predicate, chunk_range, cluster_buffer, cluster_started,
-                    combine_lse, combine_max, combine_sum, exp2f, exp_shifted, load_chunk, online_lse, plan,
-                    reduce_staged, reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width,
-                    row_views, rows_allreduce, shift_of, split_rows, spread_row, stage_chunk, staging_buffer,
-                    store_chunk, store_staged, to_registers)
+                    combine_lse, combine_max, combine_sum, exp2f, load_chunk, online_lse, plan, reduce_staged,
+                    reduction_buffer, row_arguments, row_copy, row_launch, row_thread, row_vector_width, row_views,
+                    rows_allreduce, shift_of, split_rows, spread_row, stage_chunk, staging_buffer, store_chunk,
+                    store_staged, to_registers)
 
 BACKWARD_THREADS = 512  # the backward's CTAs over rows kept in registers, at most VALUES elements a thread
 
@@ -83,13 +83,13 @@ def _max_of(a: tuple, x) -> tuple:
 @cute.jit
 def _exp_sum(x, shift):
     """sum exp(x - shift) over the elements of x."""
-    return exp_shifted(x, shift).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
+    return exp2f((x - shift) * LOG2E).reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0)
 
 
 @cute.jit
 def _normalized(x, m, log_s, inv_s, log: cutlass.Constexpr):
     """softmax's y = exp(x - m) / s, or (``log``) log_softmax's (x - m) - log s, from the row's (m, s)."""
-    return (x - m) - log_s if const_expr(log) else exp_shifted(x, m) * inv_s
+    return (x - m) - log_s if const_expr(log) else exp2f((x - m) * LOG2E) * inv_s
 
 
 def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
@@ -125,7 +125,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
             if const_expr(two):  # (rows past M: m = -inf, e = 0; never stored)
                 (m,) = rows_allreduce((x.reduce(cute.ReductionOp.MAX, init_val=NEG_INF, reduction_profile=0),),
                                       combine_max, plan_, buffer, 0)
-                e = exp_shifted(x, shift_of(m))
+                e = exp2f((x - shift_of(m)) * LOG2E)
                 (s,) = rows_allreduce((e.reduce(cute.ReductionOp.ADD, init_val=0.0, reduction_profile=0),),
                                       combine_sum, plan_, buffer, 1)
                 if const_expr(log):
@@ -151,8 +151,7 @@ def _softmax_factory(log: bool, dtype, rank: int, plan_: Plan):
                 tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, first, on, sX)
                 (m_t,) = reduce_staged(tXsX, on, vpt, _max_of, (Float32(NEG_INF),))
                 shift = shift_of(m_t)
-                state = (m_t, reduce_staged(tXsX, on, vpt, lambda a, x: (a[0] + _exp_sum(x, shift),),
-                                            (Float32(0.0),))[0])
+                state = (m_t, reduce_staged(tXsX, on, vpt, lambda a, x: (a[0] + _exp_sum(x, shift),), (Float32(0.0),))[0])
             else:
                 for c in cutlass.range(first, first + count, unroll=1):
                     pred = chunk_predicate(tXcX, n - c * chunk, vpt)
