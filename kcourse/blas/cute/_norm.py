@@ -244,6 +244,10 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
         if const_expr(plan_.staged):  # this CTA's share in shared memory, read a vector at a time (see the doc)
             c = cluster_rank(plan_)
             pred = chunk_predicate(tXcX, n - c * chunk, vpt)
+            if const_expr(mX.element_type.width == 16):  # the parameters' share loads while the statistics form
+                rW, rB = _fragment(tiled_copy, thr, mW, c, chunk, pred), _fragment(tiled_copy, thr, mB, c, chunk, pred)
+            else:  # float32: read a vector at a time with y (held, they would spill past 80 registers)
+                rW, rB = _slice(thr, mW, c, chunk), _slice(thr, mB, c, chunk)
             tXsX = stage_chunk(mX.element_type, plan_, lane, x_row, c, pred, sX)
             count, warp_mean = Float32(0.0), Float32(0.0)  # this warp's exact statistics, then the row's
             if const_expr(center):
@@ -252,10 +256,6 @@ def _norm_forward_factory(center: bool, dtype, plan_, has_w: bool, has_b: bool):
                 warp_mean = total / cute.arch.fmax(count, Float32(1.0))
             (squares,) = butterfly(reduce_staged(tXsX, pred, vpt, lambda a, x: _squares(a, x, warp_mean, center),
                                                  (Float32(0.0),)), combine_sum, WARP)
-            if const_expr(mX.element_type.width == 16):  # the parameters' share loads while the cluster meets
-                rW, rB = _fragment(tiled_copy, thr, mW, c, chunk, pred), _fragment(tiled_copy, thr, mB, c, chunk, pred)
-            else:  # float32: read a vector at a time with y (held, they would spill past 80 registers)
-                rW, rB = _slice(thr, mW, c, chunk), _slice(thr, mB, c, chunk)
             mean, squares = _cluster_moments(count, warp_mean, squares, plan_, peers, center)
             rstd = 1.0 / cute.math.sqrt(squares / d + eps)
             store_staged(tiled_copy, thr, tXsX, y_row, c, chunk, pred, vpt,
