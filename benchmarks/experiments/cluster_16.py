@@ -114,6 +114,8 @@ def main():
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--no-peer", action="store_true", help="leave quack out")
     p.add_argument("--staged", choices=["rule", "on", "off"], default="rule", help="each op's Launch.staged")
+    p.add_argument("--cluster", type=int, help="each op's Launch.cluster: CTAs a row, instead of the rule")
+    p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="ROWSxCOLS,...")
     args = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -122,16 +124,18 @@ def main():
     rows = []
     for op in args.ops.split(","):
         peer = None if args.no_peer else quack_call(op)
-        def staged():  # the op's Launch.staged as asked
-            return contextlib.nullcontext() if args.staged == "rule" else tuning.override(op, staged=args.staged == "on")
-        for dtype in (torch.bfloat16, torch.float32):
+        def staged():  # the op's Launch.staged and Launch.cluster as asked
+            fields = {} if args.staged == "rule" else {"staged": args.staged == "on"}
+            fields.update({} if args.cluster is None else {"cluster": args.cluster})
+            return tuning.override(op, **fields) if fields else contextlib.nullcontext()
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             for M, N in shapes:
                 x = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen).requires_grad_()
                 w = (1 + 0.1 * torch.randn(N, device="cuda", dtype=dtype, generator=gen)).requires_grad_()
                 b = (0.1 * torch.randn(N, device="cuda", dtype=dtype, generator=gen)).requires_grad_()
                 dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
                 row = {"op": op, "dtype": str(dtype).removeprefix("torch."), "shape": [M, N],
-                       "cluster_max": args.cluster_max, "staged": args.staged}
+                       "cluster_max": args.cluster_max, "staged": args.staged, "cluster": args.cluster}
                 try:
                     with staged():
                         row["y_err"], row["dx_err"] = errors(op, x, w, b, dy)

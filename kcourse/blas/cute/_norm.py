@@ -113,6 +113,9 @@ class Launch:
       ``ON_CHIP_BACKWARD`` columns (vector accesses, sm_90) over a cluster of CTAs, each keeping its
       chunk of x and dy in registers, the row sums exchanged through distributed shared memory. None
       (the default) or True: so; False: swept in chunks by one CTA a row, x and dy read twice.
+    - ``cluster``: the forward's CTAs a row (``_rows.split_rows``'s ``cluster``: that many for any row
+      of at least as many vectors, short rows included, where the shares fit in registers). None
+      (the default): the rule in ``_forward_plan``.
     - ``staged``: the forward's rows longer than ``MAX_ONE_PASS`` (vector accesses, sm_90) over a
       cluster of up to 16 CTAs, each copying its share of up to ``MAX_ONE_PASS`` into shared memory
       (cp.async) and reading it from there, for the statistics and again for y (``_rows.split_rows``'s
@@ -124,6 +127,7 @@ class Launch:
     backward_ctas_per_sm: int | None = None
     backward_prefetch: bool | None = None
     backward_cluster: bool | None = None
+    cluster: int | None = None
     staged: bool | None = None
 
 
@@ -693,7 +697,7 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     # 16 only when few (<= SMs), past 8 shares. docs/rms_norm.md
     few = x2.element_size() == 2 and x2.shape[0] <= sms
     stage = x2.element_size() == 2 if launch.staged is None else launch.staged
-    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, wide=x2.element_size() == 4,
+    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, cluster=launch.cluster, wide=x2.element_size() == 4,
                        most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
