@@ -89,6 +89,30 @@ def test_staged_shares_of_non_finite_rows(op, dtype):
     torch.testing.assert_close(got, expected, rtol=TOL[dtype][0], atol=TOL[dtype][1], equal_nan=True)
 
 
+# float32 layer_norm of 8192 < D <= 65536 (its rule: a CTA of 256 threads per 8192 columns): the last
+# CTA's 8 columns; 2 CTAs; 5, the last ragged, more rows than clusters; 8
+F32_LAYER_NORM_SHAPES = [(3, 8200), (5, 16384), (300, 40000), (2, 65536)]
+
+
+@pytest.mark.parametrize("shape", F32_LAYER_NORM_SHAPES)
+def test_float32_layer_norm_over_clusters_of_8192_columns(shape, monkeypatch):
+    from _cute import compiled_kernels
+    from kcourse.blas.cute import _rows
+
+    seen = compiled_kernels(monkeypatch)
+    n = shape[-1]
+    x, dy = randn(*shape).mul_(3).add_(1), randn(*shape)
+    x[:, 5] = 20.0  # a large value in the first CTA's share: the shares' means differ
+    w, b = randn(n), randn(n)
+    got = results("layer_norm", "cute", x, w, b, dy)
+    expected = results("layer_norm", "python", x, w, b, dy)
+    for i, (a, e) in enumerate(zip(got, expected)):  # y, dx, dw, db
+        assert_close(a, e, k=shape[0] if i > 1 else 1)
+    plans = {(p.cluster, p.threads) for name, key in seen for p in key
+             if isinstance(p, _rows.Plan) and name == "_norm_forward_factory"}
+    assert plans == {(-(-n // 8192), _rows.THREADS)}
+
+
 # (rows, D): 3 CTAs a row, the last of 8 columns, 300 rows over 88 clusters; 8 CTAs, 64 rows over 33;
 # 16 CTAs (Hopper's largest cluster); 3 CTAs, ragged, fewer rows than clusters; 700 rows over 88
 BACKWARD_SHAPES = [(300, 16392), (64, 65536), (5, 131072), (33, 20000), (700, 24576)]

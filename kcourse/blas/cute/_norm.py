@@ -681,6 +681,9 @@ def _operand(t):
     return None if t is None else _compile.Operand.of(t)
 
 
+F32_SHARE = MAX_ONE_PASS // 2  # the float32 layer_norm forward's columns a CTA, on clusters (_forward_plan)
+
+
 @_compile.plan_cache
 def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> tuple:
     """``(key, align, args)`` of the forward's launch for ``x2`` (N, D) and (D,) ``weight``, ``bias``
@@ -695,9 +698,14 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     # at 1024-4096 rows); float32 ones keep theirs in registers, over 8 CTAs of 512 threads at 262144
     # (staged, 64 KB a share, they ran 0.7-1.0x). Unstaged (Launch.staged=False) 16-bit rows take clusters of
     # 16 only when few (<= SMs), past 8 shares. docs/rms_norm.md
+    # float32 layer_norm rows of 8192 < D <= 65536: a CTA of 256 threads per 8192 columns (its wider
+    # shares over 512 threads, beside the per-warp statistics, ran 1.1-1.2x slower: docs/layer_norm.md).
     few = x2.element_size() == 2 and x2.shape[0] <= sms
     stage = x2.element_size() == 2 if launch.staged is None else launch.staged
-    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, cluster=launch.cluster, wide=x2.element_size() == 4,
+    cluster, d = launch.cluster, x2.shape[1]
+    if cluster is None and center and x2.element_size() == 4 and vec > 1 and F32_SHARE < d <= 8 * F32_SHARE:
+        cluster = -(-d // F32_SHARE)
+    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, cluster=cluster, wide=x2.element_size() == 4,
                        most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
