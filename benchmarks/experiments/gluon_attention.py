@@ -851,9 +851,10 @@ VARIANTS = [dict(D=d, causal=c, dtype=dt) for d in (64, 128) for c in (False, Tr
 # "pingpong-ordered": the same, the consumers taking turns at the tensor cores; "pingpong-overlap": each
 # consumer's S of a tile issued with its P V of the one before; "pingpong-fa3": both (FlashAttention-3's);
 # a "-s3" suffix: three K/V slots (the next tile's load need not wait for this tile's P V).
-# With 128 keys the overlapped ping-pongs spill (ptxas holds every partition to the kernel's 168
+# With 128 keys the overlapped ping-pongs spill (ptxas holds the partitions to about the kernel's 168
 # registers, whatever setmaxnreg gives the consumers: 332-364 bytes, about 40 local loads and stores
-# a tile in one consumer's loop under Nsight Compute); with 64 keys none spills.
+# a tile in one consumer's loop under Nsight Compute; both consumers as workers at 240 registers, the
+# producer the default partition at 24: 436 bytes); with 64 keys none spills.
 FORWARDS = [("plain", 128), ("overlap", 128), ("plain", 64), ("overlap", 64), ("ws", 128), ("ws", 64),
             ("pingpong", 128), ("pingpong", 64), ("pingpong-ordered", 128), ("pingpong-ordered", 64),
             ("pingpong-overlap", 128), ("pingpong-fa3", 128), ("pingpong-s3", 128), ("pingpong-overlap-s3", 128),
