@@ -115,7 +115,6 @@ def main():
     p.add_argument("--no-peer", action="store_true", help="leave quack out")
     p.add_argument("--staged", choices=["rule", "on", "off"], default="rule", help="each op's Launch.staged")
     p.add_argument("--cluster", type=int, help="each op's Launch.cluster: CTAs a row, instead of the rule")
-    p.add_argument("--backward-chunk", type=int, help="the norms' Launch.backward_chunk")
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="ROWSxCOLS,...")
     args = p.parse_args()
@@ -128,8 +127,6 @@ def main():
         def staged():  # the op's Launch.staged and Launch.cluster as asked
             fields = {} if args.staged == "rule" else {"staged": args.staged == "on"}
             fields.update({} if args.cluster is None else {"cluster": args.cluster})
-            fields.update({} if args.backward_chunk is None or "norm" not in op else
-                          {"backward_chunk": args.backward_chunk})
             return tuning.override(op, **fields) if fields else contextlib.nullcontext()
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             for M, N in shapes:

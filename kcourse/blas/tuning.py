@@ -15,8 +15,7 @@ softmax, log_softmax      ``kcourse.blas.cute._softmax.LAUNCH``  cluster, row_th
 cross_entropy             ``kcourse.blas.cute.cross_entropy``    cluster
 layer_norm, rms_norm      ``kcourse.blas.cute._norm.LAUNCH``     row_threads, backward_threads,
                                                                  backward_ctas_per_sm, backward_prefetch,
-                                                                 backward_cluster, backward_chunk, cluster,
-                                                                 staged
+                                                                 backward_cluster, cluster, staged
 attention                 ``kcourse.blas.cute.attention``        the Hopper forward's and backward's
                                                                  walk, buffers and stores
 ========================  =====================================  ===================================

@@ -113,8 +113,6 @@ class Launch:
       ``ON_CHIP_BACKWARD`` columns (vector accesses, sm_90) over a cluster of CTAs, each keeping its
       chunk of x and dy in registers, the row sums exchanged through distributed shared memory. None
       (the default) or True: so; False: swept in chunks by one CTA a row, x and dy read twice.
-      ``backward_chunk``: the columns each of its CTAs takes (a power of two, at most
-      ``ON_CHIP_BACKWARD``: the default).
     - ``cluster``: the forward's CTAs a row (``_rows.split_rows``'s ``cluster``: that many for any row
       of at least as many vectors, short rows included, where the shares fit in registers). None
       (the default): the rule in ``_forward_plan``.
@@ -129,7 +127,6 @@ class Launch:
     backward_ctas_per_sm: int | None = None
     backward_prefetch: bool | None = None
     backward_cluster: bool | None = None
-    backward_chunk: int | None = None
     cluster: int | None = None
     staged: bool | None = None
 
@@ -762,13 +759,12 @@ def _backward_plan(dy2, x2, weight, needs: tuple, center: bool, sms: int, launch
     op = "layer_norm" if center else "rms_norm"
     vec, plan_, args = _rows(op, row_tensors, (weight,), ON_CHIP_BACKWARD, STREAM_BACKWARD)
     per_sm, prefetch = CTAS_PER_SM, False
-    chunk = launch.backward_chunk or ON_CHIP_BACKWARD
-    cluster = -(-d // chunk)
+    cluster = -(-d // ON_CHIP_BACKWARD)
     if (not plan_.one_pass and needs[0] and vec > 1 and cluster <= CLUSTER_MAX_SM90 and clusters_supported()
             and launch.backward_cluster is not False):
         # a row of up to 16 x 8192 columns over a cluster of CTAs, each keeping its chunk's x and dy in
         # registers: x and dy read once (3NDs), the row sums exchanged row after row (cluster_allreduce)
-        plan_ = plan(chunk, vec, [1] * len(plan_.units), chunk, STREAM_BACKWARD)._replace(
+        plan_ = plan(ON_CHIP_BACKWARD, vec, [1] * len(plan_.units), ON_CHIP_BACKWARD, STREAM_BACKWARD)._replace(
             cluster=cluster)  # (vector accesses: every column stride is 1)
         ctas = cluster * max(1, min(n, CTAS_PER_SM * sms // cluster))
         key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, needs[0], needs[1], needs[2], False)
