@@ -12,7 +12,10 @@ stay in registers: the row read once, as quack reads it.
 
 ``--staged on`` / ``off`` forces each op's ``Launch.staged`` (shares of up to 16384 over clusters of up
 to 16, copied into shared memory by cp.async and read from there, instead of held in registers or
-swept); the default leaves the ops' rule.
+swept); the default leaves the ops' rule. ``--cluster N`` fixes each op's ``Launch.cluster`` (N CTAs a
+row where the shares fit in registers; 1: one CTA, sweeping a long row), ``--dtypes`` picks the dtypes:
+
+    python -m benchmarks.experiments.cluster_16 OUT.json --ops layer_norm --dtypes float32 --cluster 4
 
 Per op (rms_norm, layer_norm, softmax), dtype (bf16, float32) and shape (rows x columns: 2^27
 elements, and 64 rows of 262144): the largest error of the forward and
