@@ -17,8 +17,10 @@ quack's speed at 512 x 262144 bf16. Variants of the same two sweeps (``two_sweep
 - ``-wW``: W warps a program (8 by default), ``-sS``: the loops software-pipelined S deep (``tl.range``'s
   ``num_stages``).
 
-Each variant is checked against ``torch.softmax`` in float32 (largest error) and timed as CUDA-graph
-replays (``benchmarks.timing.graph_ms``) beside quack's softmax where importable, at 2^27 elements
+The same variants of rms_norm's two sweeps (``rms_two_sweeps``: the sum of squares, then y; the
+shipped triton forward at 0.60x quack's there). Each variant is checked against torch in float32
+(largest error) and timed as CUDA-graph replays (``benchmarks.timing.graph_ms``) beside quack's
+where importable, at 2^27 elements
 (256 or 512 MiB: no call finds its input in L2 from the one before). On a GPU:
 
     python -m benchmarks.experiments.triton_two_sweeps OUT.json
@@ -38,6 +40,7 @@ import triton.language as tl
 from kcourse.blas.triton._softmax import online_logsumexp
 
 SHAPES = [(2048, 65536), (1024, 131072), (512, 262144)]
+OPS = ["softmax", "rms_norm"]
 CHUNK = 4096  # columns a step, as the shipped kernel's
 
 
@@ -61,10 +64,36 @@ def two_sweeps(x_ptr, y_ptr, M, N, x_stride, y_stride, REVERSE: tl.constexpr, ST
             tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def variant(name: str):
-    """``softmax(x)`` (rows of a contiguous 2-D x) of the variant ``name`` (see the module doc)."""
+@triton.jit
+def rms_two_sweeps(x_ptr, w_ptr, y_ptr, M, N, x_stride, y_stride, eps, REVERSE: tl.constexpr, STAGES: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    # rms_norm's two sweeps, as two_sweeps': per row the sum of squares, then y = x rstd w
+    cols = tl.arange(0, BLOCK_N).to(tl.int64)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    for row in range(tl.program_id(0), M, tl.num_programs(0)):
+        r = tl.zeros([1], dtype=tl.int64) + row
+        x_row, y_row = x_ptr + r * x_stride, y_ptr + r * y_stride  # (1,)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i in tl.range(0, n_chunks, num_stages=STAGES):
+            x = tl.load(x_row + i * BLOCK_N + cols, mask=i * BLOCK_N + cols < N, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
+        for i in tl.range(0, n_chunks, num_stages=STAGES):
+            start = ((n_chunks - 1 - i) if REVERSE else i) * BLOCK_N
+            mask = start + cols < N
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + start + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def variant(name: str, op: str = "softmax"):
+    """``op(x)`` (softmax, or rms_norm with a ones weight, of the rows of a contiguous 2-D x) of the
+    variant ``name`` (see the module doc)."""
     if name == "shipped":
         from kcourse import blas
+        if op == "rms_norm":
+            return lambda x: blas.rms_norm(x, torch.ones(x.shape[1], dtype=x.dtype, device=x.device), eps=1e-6,
+                                           backend="triton")
         return lambda x: blas.softmax(x, -1, backend="triton")
     parts = name.split("-")
     warps = next((int(p[1:]) for p in parts if p.startswith("w")), 8)
@@ -77,8 +106,12 @@ def variant(name: str):
         m, n = x.shape
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
         programs = m if per_sm is None else min(m, per_sm * sms)
-        two_sweeps[(programs,)](x, y, m, n, x.stride(0), y.stride(0), REVERSE=reverse, STAGES=stages,
-                                BLOCK_N=CHUNK, num_warps=warps)
+        options = dict(REVERSE=reverse, STAGES=stages, BLOCK_N=CHUNK, num_warps=warps)
+        if op == "rms_norm":
+            w = torch.ones(n, dtype=x.dtype, device=x.device)
+            rms_two_sweeps[(programs,)](x, w, y, m, n, x.stride(0), y.stride(0), 1e-6, **options)
+        else:
+            two_sweeps[(programs,)](x, y, m, n, x.stride(0), y.stride(0), **options)
         return y
     return run
 
@@ -87,8 +120,10 @@ VARIANTS = ["shipped", "forward", "reverse", "reverse-w16", "reverse-s2", "persi
             "persistent-4", "persistent-2-w16", "persistent-2-s2", "persistent-1-w16-s3"]
 
 
-def error(fn, x) -> float:
-    return (fn(x).float() - torch.softmax(x.float(), -1)).abs().max().item()
+def error(fn, x, op: str = "softmax") -> float:
+    xf = x.float()
+    ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) if op == "rms_norm" else torch.softmax(xf, -1)
+    return (fn(x).float() - ref).abs().max().item()
 
 
 def check() -> None:
@@ -96,10 +131,11 @@ def check() -> None:
     gen = torch.Generator().manual_seed(0)
     for m, n in ((3, 9000), (5, 4096), (2, 12289)):
         x = torch.randn(m, n, generator=gen) * 3
-        for name in VARIANTS[1:]:  # (the interpreter runs a pipelined loop as a plain one)
-            err = error(variant(name), x)
-            print(f"{name} {m}x{n}: largest error {err:.3g}")
-            assert err < 1e-6, (name, m, n, err)
+        for op in OPS:
+            for name in VARIANTS[1:]:  # (the interpreter runs a pipelined loop as a plain one)
+                err = error(variant(name, op), x, op)
+                print(f"{op} {name} {m}x{n}: largest error {err:.3g}")
+                assert err < 1e-5, (op, name, m, n, err)
 
 
 def main():
@@ -113,21 +149,23 @@ def main():
     from benchmarks.timing import graph_ms
     try:
         from benchmarks.peers import quack_calls
-        quack = quack_calls()("softmax", None, None)
+        calls = quack_calls()
     except ImportError:
-        quack = None
+        calls = None
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for dtype in (torch.bfloat16, torch.float32):
-        for m, n in SHAPES:
-            x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
-            peer = None if quack is None else graph_ms(lambda: quack((x,)))
-            for name in VARIANTS:
-                fn = variant(name)
-                row = {"variant": name, "dtype": str(dtype).removeprefix("torch."), "shape": [m, n],
-                       "error": error(fn, x), "ms": graph_ms(lambda: fn(x)), "quack_ms": peer}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for op, dtype, (m, n) in ((op, dtype, shape) for op in OPS for dtype in (torch.bfloat16, torch.float32)
+                              for shape in SHAPES):
+        x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+        quack = None if calls is None else calls(op, None, None)
+        ones = torch.ones(n, device="cuda", dtype=dtype)
+        peer = None if quack is None else graph_ms(lambda: quack((x, ones, None) if op == "rms_norm" else (x,)))
+        for name in VARIANTS:
+            fn = variant(name, op)
+            row = {"op": op, "variant": name, "dtype": str(dtype).removeprefix("torch."), "shape": [m, n],
+                   "error": error(fn, x, op), "ms": graph_ms(lambda: fn(x)), "quack_ms": peer}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     with open(args.out or "triton_two_sweeps.json", "w") as f:
         json.dump(rows, f, indent=1)
 
