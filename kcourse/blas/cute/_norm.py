@@ -83,7 +83,7 @@ from . import _compile, _reduce
 from .axpby import axpby
 from ._reduce import WARP
 from ._rows import (CLUSTER_MAX, CLUSTER_MAX_SM90, FORWARD_ROW_THREADS, MAX_ONE_PASS, THREADS, butterfly, check_sizes,
-                    chunk_predicate, fill_ctas, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started,
+                    chunk_predicate, cluster_allreduce, cluster_buffer, cluster_rank, cluster_started,
                     clusters_supported, combine_sum, load_chunk, masked, plan, reduce_staged, reduction_buffer,
                     row_allreduce, row_arguments, row_cluster, row_copy, row_launch, row_thread, row_views,
                     split_rows, spread_row, stage_chunk, staging_buffer, store_chunk, store_staged, to_registers)
@@ -702,12 +702,13 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     # shares over 512 threads, beside the per-warp statistics, ran 1.1-1.2x slower: docs/layer_norm.md).
     few = x2.element_size() == 2 and x2.shape[0] <= sms
     stage = x2.element_size() == 2 if launch.staged is None else launch.staged
-    cluster, d = launch.cluster, x2.shape[1]
-    if cluster is None and center and x2.element_size() == 4 and vec > 1 and F32_SHARE < d <= 8 * F32_SHARE:
-        # (few rows past MAX_ONE_PASS: at least as many CTAs as the rule gave them, to fill the SMs)
-        cluster = max(-(-d // F32_SHARE), fill_ctas(x2.shape[0], sms) if d > MAX_ONE_PASS else 1)
-    split = split_rows(plan_, *x2.shape, sms, MAX_ONE_PASS, cluster=cluster, wide=x2.element_size() == 4,
-                       most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
+    d = x2.shape[1]
+    f32_shares = center and x2.element_size() == 4 and vec > 1 and F32_SHARE < d <= CLUSTER_MAX * F32_SHARE
+    cluster = launch.cluster
+    if cluster is None and f32_shares and d <= MAX_ONE_PASS:  # (split_rows leaves a row one CTA keeps alone)
+        cluster = -(-d // F32_SHARE)
+    split = split_rows(plan_, *x2.shape, sms, F32_SHARE if f32_shares else MAX_ONE_PASS, cluster=cluster,
+                       wide=x2.element_size() == 4, most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args

@@ -194,12 +194,6 @@ def clusters_supported() -> bool:
     return int(_compile.target()[len("sm_"):].rstrip("a")) >= 90
 
 
-def fill_ctas(m: int, sms: int) -> int:
-    """CTAs a row so that ``m`` rows give every one of ``sms`` SMs a CTA: ``sms // m`` rounded down to a
-    power of two, at least 1, at most ``CLUSTER_MAX`` (``split_rows``'s fill)."""
-    return min(CLUSTER_MAX, 1 << (max(sms // max(m, 1), 1).bit_length() - 1))
-
-
 def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: int | None = None,
                wide: bool = False, most: int = CLUSTER_MAX, stage: bool = False) -> Plan:
     """``plan_`` (for ``m`` rows of ``n`` elements) with each row spread over several CTAs -- a
@@ -232,8 +226,9 @@ def split_rows(plan_: Plan, m: int, n: int, sms: int, share: int = 0, cluster: i
     if stage:
         most, wide = CLUSTER_MAX_SM90, False
     if cluster is None:
+        fill = 1 << (max(sms // max(m, 1), 1).bit_length() - 1)
         keep = -(-n // min(share, longest)) if share else 1
-        cluster = max(fill_ctas(m, sms), min(most, keep))
+        cluster = max(min(CLUSTER_MAX, fill), min(most, keep))
     else:
         cluster = min(cluster, -(-n // plan_.vec))
     if cluster < 2:
