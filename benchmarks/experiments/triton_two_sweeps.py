@@ -87,28 +87,26 @@ def rms_two_sweeps(x_ptr, w_ptr, y_ptr, M, N, x_stride, y_stride, eps, REVERSE: 
 
 
 def variant(name: str, op: str = "softmax"):
-    """``op(x)`` (softmax, or rms_norm with a ones weight, of the rows of a contiguous 2-D x) of the
-    variant ``name`` (see the module doc)."""
+    """``fn(x, w)``: ``op`` of the rows of a contiguous 2-D x (softmax, or rms_norm with the weight w,
+    which softmax ignores) by the variant ``name`` (see the module doc)."""
     if name == "shipped":
         from kcourse import blas
         if op == "rms_norm":
-            return lambda x: blas.rms_norm(x, torch.ones(x.shape[1], dtype=x.dtype, device=x.device), eps=1e-6,
-                                           backend="triton")
-        return lambda x: blas.softmax(x, -1, backend="triton")
+            return lambda x, w: blas.rms_norm(x, w, eps=1e-6, backend="triton")
+        return lambda x, w: blas.softmax(x, -1, backend="triton")
     parts = name.split("-")
     warps = next((int(p[1:]) for p in parts if p.startswith("w")), 8)
     stages = next((int(p[1:]) for p in parts if p.startswith("s") and p[1:].isdigit()), 1)
     per_sm = int(parts[1]) if parts[0] == "persistent" else None
     reverse = parts[0] != "forward"
 
-    def run(x):
+    def run(x, w):
         y = torch.empty_like(x)
         m, n = x.shape
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
         programs = m if per_sm is None else min(m, per_sm * sms)
         options = dict(REVERSE=reverse, STAGES=stages, BLOCK_N=CHUNK, num_warps=warps)
         if op == "rms_norm":
-            w = torch.ones(n, dtype=x.dtype, device=x.device)
             rms_two_sweeps[(programs,)](x, w, y, m, n, x.stride(0), y.stride(0), 1e-6, **options)
         else:
             two_sweeps[(programs,)](x, y, m, n, x.stride(0), y.stride(0), **options)
@@ -120,20 +118,22 @@ VARIANTS = ["shipped", "forward", "reverse", "reverse-w16", "reverse-s2", "persi
             "persistent-4", "persistent-2-w16", "persistent-2-s2", "persistent-1-w16-s3"]
 
 
-def error(fn, x, op: str = "softmax") -> float:
+def error(fn, x, w, op: str = "softmax") -> float:
+    """The largest difference between ``fn(x, w)`` and torch's float32 result."""
     xf = x.float()
-    ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) if op == "rms_norm" else torch.softmax(xf, -1)
-    return (fn(x).float() - ref).abs().max().item()
+    ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float() if op == "rms_norm" else \
+        torch.softmax(xf, -1)
+    return (fn(x, w).float() - ref).abs().max().item()
 
 
 def check() -> None:
     """Every variant but ``shipped`` against torch on small rows through the interpreter (CPU)."""
     gen = torch.Generator().manual_seed(0)
     for m, n in ((3, 9000), (5, 4096), (2, 12289)):
-        x = torch.randn(m, n, generator=gen) * 3
+        x, w = torch.randn(m, n, generator=gen) * 3, 1 + 0.1 * torch.randn(n, generator=gen)
         for op in OPS:
             for name in VARIANTS[1:]:  # (the interpreter runs a pipelined loop as a plain one)
-                err = error(variant(name, op), x, op)
+                err = error(variant(name, op), x, w, op)
                 print(f"{op} {name} {m}x{n}: largest error {err:.3g}")
                 assert err < 1e-5, (op, name, m, n, err)
 
@@ -158,12 +158,12 @@ def main():
                               for shape in SHAPES):
         x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
         quack = None if calls is None else calls(op, None, None)
-        ones = torch.ones(n, device="cuda", dtype=dtype)
-        peer = None if quack is None else graph_ms(lambda: quack((x, ones, None) if op == "rms_norm" else (x,)))
+        w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype, generator=gen)
+        peer = None if quack is None else graph_ms(lambda: quack((x, w, None) if op == "rms_norm" else (x,)))
         for name in VARIANTS:
             fn = variant(name, op)
             row = {"op": op, "variant": name, "dtype": str(dtype).removeprefix("torch."), "shape": [m, n],
-                   "error": error(fn, x, op), "ms": graph_ms(lambda: fn(x)), "quack_ms": peer}
+                   "error": error(fn, x, w, op), "ms": graph_ms(lambda: fn(x, w)), "quack_ms": peer}
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(args.out or "triton_two_sweeps.json", "w") as f:
