@@ -6,7 +6,7 @@ GPT's eager step next to torch.nn's: the numbers behind the host-time work of RE
 For each op of ``benchmarks/host.py`` (tiny operands: the host's time, not the GPU's): microseconds
 per forward and per forward + backward call for torch and each backend, then cProfile's functions
 with the most time of their own over the forward + backward calls. Then a 2-layer width-64 GPT
-(T = 64, batch 8): milliseconds per forward, forward + backward and whole AdamW step for torch.nn and
+(T = 64, batch 8; ``--compile``: under torch.compile): milliseconds per forward, forward + backward and whole AdamW step for torch.nn and
 each backend, and the step's cProfile on each backend.
 """
 import argparse
@@ -66,6 +66,8 @@ def model_steps(args, backends, write) -> None:
         torch.manual_seed(0)
         model = bench.torch_reference().GPT(c) if name == "torch.nn" else bench.GPT(c, backend=name)
         model = model.to(args.device, dtype)
+        if args.compile:
+            model = torch.compile(model, fullgraph=True)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
 
         def forward():
@@ -97,6 +99,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--lines", type=int, default=25)
     p.add_argument("--no-model", action="store_true")
+    p.add_argument("--compile", action="store_true", help="the GPT under torch.compile(fullgraph=True)")
     args = p.parse_args()
     available = kcourse.backends()
     backends = [b for b in args.backends.split(",") if available[b].available]

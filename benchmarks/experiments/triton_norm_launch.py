@@ -3,7 +3,11 @@
 against the shipped choice and quack's backward, each timed as a CUDA-graph replay (the kernels
 alone, L2 flushed before each call).
 
-    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick] [--long]
+    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick] [--long] [--forward]
+
+``--forward``: the forward's elements a thread (``FORWARD_THREAD_ELEMENTS``) instead, at D = 1024
+... 16384, against Liger's and quack's forwards where importable (y and rstd checked against the
+shipped choice's).
 
 ``--long``: rows the backward sweeps twice (D = 16384, 65536), over ``CHUNK_D``,
 ``LONG_ROW_STAGES`` and ``WARPS_PER_SM`` instead. Per op, dtype and (N, D) of ``ELEMENTS``
@@ -27,6 +31,8 @@ VARIANTS = {  # field -> values; the product is the sweep
     "BACKWARD_TILE": [4096, 8192],
     "BACKWARD_THREAD_ELEMENTS": [8, 16],
 }
+FORWARD_COLUMNS = [1024, 2048, 4096, 8192, 16384]  # --forward: rows the forward keeps on chip
+FORWARD_VARIANTS = {"FORWARD_THREAD_ELEMENTS": [4, 8, 16, 32]}
 LONG_COLUMNS = [16384, 65536]  # --long: rows the backward sweeps twice
 LONG_VARIANTS = {
     "CHUNK_D": [2048, 4096, 8192],
@@ -71,13 +77,80 @@ def quack_backward_ms(n: int, d: int, dtype: torch.dtype):
     return both - fwd
 
 
+def peer_forward_ms(n: int, d: int, dtype: torch.dtype, center: bool) -> dict:
+    """The forward's peers, graphed: Liger's and quack's kernels (torch.compile's: benchmarks/peers.py)."""
+    x = torch.randn(n, d, device="cuda", dtype=dtype)
+    w = torch.randn(d, device="cuda", dtype=dtype)
+    b = torch.randn(d, device="cuda", dtype=dtype)
+    got = {}
+    try:
+        if center:
+            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+            got["liger"] = graph_ms(lambda: LigerLayerNormFunction.apply(x, w, b, 1e-5))
+        else:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            got["liger"] = graph_ms(lambda: LigerRMSNormFunction.apply(x, w, 1e-6))
+    except Exception as e:  # noqa: BLE001 - not installed, or its API differs
+        got["liger"] = f"{type(e).__name__}"
+    try:
+        if center:
+            from quack.layernorm import layernorm
+            got["quack"] = graph_ms(lambda: layernorm(x, w, eps=1e-5))
+        else:
+            from quack.rmsnorm import rmsnorm
+            got["quack"] = graph_ms(lambda: rmsnorm(x, w, eps=1e-6))
+    except Exception as e:  # noqa: BLE001
+        got["quack"] = f"{type(e).__name__}"
+    return got
+
+
+def forward_sweep(dtypes, columns) -> list:
+    names = list(FORWARD_VARIANTS)
+    lines = [f"# triton norm forward launch choices, {torch.cuda.get_device_name()}, graphed ms",
+             "fields: " + ", ".join(f"{k} (shipped {getattr(_norm, k)})" for k in names), ""]
+    for center, dtype, d in itertools.product((True, False), dtypes, columns):
+        op = "layer_norm" if center else "rms_norm"
+        n = ELEMENTS // d
+        x = torch.randn(n, d, device="cuda", dtype=dtype)
+        w = torch.randn(d, device="cuda", dtype=dtype)
+        b = torch.randn(d, device="cuda", dtype=dtype) if center else None
+        run = lambda: _norm.norm_forward(x, w, b, 1e-5, center)  # noqa: E731
+        shipped = run()
+        shipped_ms = graph_ms(run)
+        rows, seen = [], set()
+        for values in itertools.product(*FORWARD_VARIANTS.values()):
+            fields = dict(zip(names, values))
+            plan = _norm._block(d, _norm.ON_CHIP_FORWARD, fields["FORWARD_THREAD_ELEMENTS"])
+            if repr(plan) in seen:  # the same launch as a variant already timed (16 warps at most)
+                continue
+            seen.add(repr(plan))
+            got = with_fields(fields, run)
+            torch.testing.assert_close(got[0].float(), shipped[0].float(), rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(got[3], shipped[3], rtol=1e-4, atol=1e-4)
+            rows.append((with_fields(fields, lambda: graph_ms(run)), values, plan))
+        rows.sort(key=lambda r: r[0])
+        peers = peer_forward_ms(n, d, dtype, center)
+        lines.append(f"{op} {str(dtype).removeprefix('torch.')} {n} x {d}: shipped {shipped_ms:.4f} ms; " +
+                     ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in peers.items()))
+        for ms, values, plan in rows:
+            lines.append(f"    {ms:.4f} ms  {shipped_ms / ms:.3f}x shipped  " +
+                         ", ".join(f"{k}={v}" for k, v in zip(names, values)) + f"  {plan}")
+        print("\n".join(lines[-1 - len(rows):]), flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="bfloat16 only, D = 1024 and 8192 (with --long: 16384)")
     p.add_argument("--long", action="store_true", help="rows swept twice (LONG_COLUMNS), over LONG_VARIANTS")
+    p.add_argument("--forward", action="store_true", help="the forward's choices (FORWARD_VARIANTS)")
     args = p.parse_args()
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
+    if args.forward:
+        text = "\n".join(forward_sweep(dtypes, [4096] if args.quick else FORWARD_COLUMNS)) + "\n"
+        open(args.out, "w").write(text)
+        return
     variants = LONG_VARIANTS if args.long else VARIANTS
     columns = LONG_COLUMNS if args.long else COLUMNS
     columns = columns[:1] if args.quick and args.long else [1024, 8192] if args.quick else columns

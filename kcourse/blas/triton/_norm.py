@@ -63,6 +63,7 @@ from ._launch import block_indices, cdiv, launch, next_power_of_2, sm_count, sum
 from ._split import exchange, rows_per_program, scratch, split, take_ticket
 
 ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 per thread at 16 warps)
+FORWARD_THREAD_ELEMENTS = 16  # forward: elements of a row per thread (num_warps = BLOCK_D / (32 * this), 1 to 16)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
 CHUNK_D = 4096  # the block of columns of a longer row, swept in a loop
 BACKWARD_TILE = 4096  # backward: rows of up to this many columns go several at a time, in tiles of this size
@@ -79,13 +80,13 @@ SPLIT_LAUNCH = {(2, False): (8192, 16), (2, True): (8192, 8), (4, False): (8192,
 SPLIT_PROGRAMS_PER_SM = 2  # ... and the groups' count, as programs an SM (each group, a row of partials)
 
 
-def _block(d: int, on_chip: int) -> dict:
+def _block(d: int, on_chip: int, per_thread: int = 8) -> dict:
     """Launch options for rows of ``d`` columns: the whole row as one block when it fits ``on_chip``,
-    else ``CHUNK_D`` columns at a time; about 8 elements per thread (1 to 16 warps)."""
+    else ``CHUNK_D`` columns at a time; about ``per_thread`` elements per thread (1 to 16 warps)."""
     block = next_power_of_2(max(d, 16))
     one_block = block <= on_chip
     block = block if one_block else CHUNK_D
-    return {"BLOCK_D": block, "ONE_BLOCK": one_block, "num_warps": min(max(block // 256, 1), 16)}
+    return {"BLOCK_D": block, "ONE_BLOCK": one_block, "num_warps": min(max(block // (32 * per_thread), 1), 16)}
 
 
 @triton.jit
@@ -400,7 +401,8 @@ def norm_forward(x, weight, bias, eps, center, residual=None):
     if n:
         r_strides = (0, 0) if r2 is None else r2.stride()
         launch(norm_forward_kernel, (n,), x2, r2, h, _dense(weight), _dense(bias), y, mean, rstd, d, x2.stride(0),
-               x2.stride(1), *r_strides, eps, CENTER=center, **_block(d, ON_CHIP_FORWARD))
+               x2.stride(1), *r_strides, eps, CENTER=center,
+               **_block(d, ON_CHIP_FORWARD, FORWARD_THREAD_ELEMENTS))
     return y, (x2 if h is None else h), mean, rstd
 
 
