@@ -23,6 +23,7 @@ import triton.language as tl
 from ._launch import block_indices, cdiv, launch, next_power_of_2, strided_layout, strided_offsets
 
 TILE = 4096  # elements per program when rows are short: 16 per thread with 8 warps
+THREAD_ELEMENTS = 16  # elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
 MAX_ONE_PASS = 16384  # the longest row kept in registers: 32 per thread with 16 warps
 CHUNK = 4096  # columns per step of the two-pass sweep over a longer row
 
@@ -140,7 +141,7 @@ def launch_rows(op: str, kernel, inputs: list[torch.Tensor], dim: int, LOG: bool
         BLOCK_M = min(max(TILE // BLOCK_N, 1), next_power_of_2(M))
     else:
         BLOCK_N, BLOCK_M = CHUNK, 1
-    num_warps = min(16, max(1, BLOCK_M * BLOCK_N // 512))
+    num_warps = min(16, max(1, BLOCK_M * BLOCK_N // (32 * THREAD_ELEMENTS)))
     tensors = (*inputs, out)
     launch(kernel, (cdiv(M, BLOCK_M),), *tensors, M, N, row_shape, *row_strides,
            *(t.stride(dim) for t in tensors), LOG=LOG, ONE_PASS=N <= BLOCK_N, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
