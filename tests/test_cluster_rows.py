@@ -89,9 +89,9 @@ def test_staged_shares_of_non_finite_rows(op, dtype):
     torch.testing.assert_close(got, expected, rtol=TOL[dtype][0], atol=TOL[dtype][1], equal_nan=True)
 
 
-# float32 layer_norm of 8192 < D <= 65536 (its rule: a CTA of 256 threads per 8192 columns): the last
-# CTA's 8 columns; 2 CTAs; 5, the last ragged, more rows than clusters; 8
-F32_LAYER_NORM_SHAPES = [(3, 8200), (5, 16384), (300, 40000), (2, 65536)]
+# float32 layer_norm of 8192 < D <= 131072 (its rule: a CTA of 256 threads per 8192 columns): the last
+# CTA's 8 columns; 2 CTAs; 5, the last ragged, more rows than clusters; 8; 13, ragged; 16 (Hopper's most)
+F32_LAYER_NORM_SHAPES = [(3, 8200), (5, 16384), (300, 40000), (2, 65536), (3, 98312), (140, 131072)]
 
 
 @pytest.mark.parametrize("shape", F32_LAYER_NORM_SHAPES)

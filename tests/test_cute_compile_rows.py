@@ -233,12 +233,16 @@ def test_clusters_of_16_and_staged_shares_where_measured(monkeypatch):
     with tuning.override("rms_norm", staged=False):  # unstaged 16-bit rows: 16 kept shares for a few rows only
         assert norm(64, torch.bfloat16) == (16, True, _rows.THREADS, False)
         assert norm(_reduce.DEFAULT_SMS + 1, torch.bfloat16)[:2] == (1, False)  # else a CTA sweeps a row
-    # float32 layer_norm of 8192 < D <= 65536: a CTA of 256 threads per 8192 columns (the last one ragged)
+    # float32 layer_norm of 8192 < D <= 131072: a CTA of 256 threads per 8192 columns (the last one ragged),
+    # up to 16; past that, 8 wide CTAs
     layer_norm = op_functions("layer_norm")[0]
-    for cols, ctas in ((8200, 2), (16384, 2), (40000, 5), (65536, 8)):
+    for cols, ctas in ((8200, 2), (16384, 2), (40000, 5), (65536, 8), (98312, 13), (131072, 16)):
         x = torch.zeros(4096, cols)
         got = clusters(lambda: layer_norm(x, None, None, eps=1e-5))["_norm_forward_factory"]
         assert got == (ctas, True, _rows.THREADS, False), (cols, got)
+    x = torch.zeros(1024, 262144)
+    assert clusters(lambda: layer_norm(x, None, None, eps=1e-5))["_norm_forward_factory"] == \
+        (8, True, _rows.SHARE_THREADS, False)
     x = torch.zeros(4096, 8192)  # one CTA keeps the row
     assert clusters(lambda: layer_norm(x, None, None, eps=1e-5))["_norm_forward_factory"][0] == 1
     x = torch.zeros(8, 32768)  # few rows past 16384: split_rows's fill (132 SMs // 8 rows, at most 8) if more

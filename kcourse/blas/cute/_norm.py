@@ -23,7 +23,7 @@ Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     in 16 bits up to 16384 elements over up to 16 CTAs, staged in shared memory by cp.async and read
     a vector at a time (``_rows.Plan.staged``), the parameters' share loading into registers
     meanwhile; in float32 in registers, up to 16384 over up to 8 CTAs (32768 by CTAs of 512
-    threads; layer_norm 8192 a CTA from 8192 to 65536 columns: ``F32_SHARE``). Each warp takes its exact two-pass statistics (count, mean, M2 = sum of squared
+    threads; layer_norm 8192 a CTA from 8192 to 131072 columns: ``F32_SHARE``). Each warp takes its exact two-pass statistics (count, mean, M2 = sum of squared
     deviations; rms_norm: the sum of squares alone), the cluster's warps combine them in a fixed
     order (Chan et al.'s pairwise formula, ``_combine_moments``, written symmetric; rms_norm a plain
     sum) through distributed shared memory (``_rows.cluster_allreduce``), and each CTA writes its
@@ -698,17 +698,18 @@ def _forward_plan(x2, weight, bias, center: bool, launch: Launch, sms: int) -> t
     # at 1024-4096 rows); float32 ones keep theirs in registers, over 8 CTAs of 512 threads at 262144
     # (staged, 64 KB a share, they ran 0.7-1.0x). Unstaged (Launch.staged=False) 16-bit rows take clusters of
     # 16 only when few (<= SMs), past 8 shares. docs/rms_norm.md
-    # float32 layer_norm rows of 8192 < D <= 65536: a CTA of 256 threads per 8192 columns (its wider
-    # shares over 512 threads, beside the per-warp statistics, ran 1.1-1.2x slower: docs/layer_norm.md).
+    # float32 layer_norm rows of 8192 < D <= 131072: a CTA of 256 threads per 8192 columns, up to Hopper's
+    # 16 (its wider shares over 512 threads, beside the per-warp statistics, ran 1.1-1.2x slower: docs/layer_norm.md).
     few = x2.element_size() == 2 and x2.shape[0] <= sms
     stage = x2.element_size() == 2 if launch.staged is None else launch.staged
     d = x2.shape[1]
-    f32_shares = center and x2.element_size() == 4 and vec > 1 and F32_SHARE < d <= CLUSTER_MAX * F32_SHARE
+    f32_shares = center and x2.element_size() == 4 and vec > 1 and F32_SHARE < d <= CLUSTER_MAX_SM90 * F32_SHARE
     cluster = launch.cluster
     if cluster is None and f32_shares and d <= MAX_ONE_PASS:  # (split_rows leaves a row one CTA keeps alone)
         cluster = -(-d // F32_SHARE)
     split = split_rows(plan_, *x2.shape, sms, F32_SHARE if f32_shares else MAX_ONE_PASS, cluster=cluster,
-                       wide=x2.element_size() == 4, most=CLUSTER_MAX_SM90 if few else CLUSTER_MAX, stage=stage)
+                       wide=x2.element_size() == 4, most=CLUSTER_MAX_SM90 if few or f32_shares else CLUSTER_MAX,
+                       stage=stage)
     plan_ = split if split.one_pass else plan_  # (the streaming sweep has no cluster exchange)
     key = (center, _compile.DTYPES[x2.dtype], plan_, weight is not None, bias is not None)
     return key, vec * x2.element_size(), args

@@ -22,8 +22,8 @@ import triton.language as tl
 
 from ._launch import block_indices, cdiv, launch, next_power_of_2, strided_layout, strided_offsets
 
-TILE = 4096  # elements per program when rows are short: 16 per thread with 8 warps
-THREAD_ELEMENTS = 16  # elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
+TILE = 4096  # elements per program when rows are short: 32 per thread with 4 warps
+THREAD_ELEMENTS = 32  # elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
 MAX_ONE_PASS = 16384  # the longest row kept in registers: 32 per thread with 16 warps
 CHUNK = 4096  # columns per step of the two-pass sweep over a longer row
 
