@@ -12,7 +12,7 @@ the (B, T, H, D) layout attention's q/k have, transposed to (B, H, T, D):
 
     KCOURSE_CACHE_DIR=0 python -m benchmarks.experiments.cute_rope_angles OUT.txt
 
-The variants swap ``rope._angles`` or ``ROWS`` for a new factory object, compiled afresh (in this
+The variants swap ``rope._angles`` (a new factory object) or set the module's constants, compiled afresh (in this
 process only: ``KCOURSE_CACHE_DIR=0`` keeps them off the disk cache, whose key names the module's
 source, not the swapped helper). Each variant's y is checked against the reference except where
 the angles are replaced.
@@ -60,18 +60,33 @@ def variant_factory(angles):
     return types.FunctionType(rope.rope_kernel.__code__, glob, f"rope_kernel_{angles.__name__}")
 
 
-def timed(x, factory=None, rows=None):
-    saved = rope.rope_kernel, rope.ROWS
+def timed(x, factory=None, fields=None):
+    """``(y, ms)`` of the cute rope with ``rope_kernel`` replaced by ``factory`` and the module's
+    constants set to ``fields`` (both restored after)."""
+    fields = fields or {}
+    saved = rope.rope_kernel, {k: getattr(rope, k) for k in fields}
     try:
         if factory is not None:
             rope.rope_kernel = factory
-        if rows is not None:
-            rope.ROWS = rows
+        for k, v in fields.items():
+            setattr(rope, k, v)
         run = lambda: blas.rope(x, backend="cute")  # noqa: E731
         y = run()
         return y, graph_ms(run)
     finally:
-        rope.rope_kernel, rope.ROWS = saved
+        rope.rope_kernel = saved[0]
+        for k, v in saved[1].items():
+            setattr(rope, k, v)
+
+
+VARIANTS = [  # (name, factory or None, module constants, checked against triton's y)
+    ("shipped", None, None, True),
+    ("ROWS=2", None, {"ROWS": 2}, True),
+    ("ROWS=4", None, {"ROWS": 4}, True),
+    ("ROWS=8", None, {"ROWS": 8}, True),
+    ("float32 angles", variant_factory(f32_angles), None, False),
+    ("no angles", variant_factory(no_angles), None, False),
+]
 
 
 def main() -> None:
@@ -88,12 +103,9 @@ def main() -> None:
                 expected = blas.rope(x, backend="triton")
                 triton_ms = graph_ms(lambda: blas.rope(x, backend="triton"))
                 lines.append(f"{str(dtype).removeprefix('torch.')} {layout}: triton {triton_ms:.4f} ms")
-                for name, factory, rows, check in (("shipped", None, None, True), ("ROWS=2", None, 2, True),
-                                                   ("ROWS=4", None, 4, True), ("ROWS=8", None, 8, True),
-                                                   ("float32 angles", variant_factory(f32_angles), None, False),
-                                                   ("no angles", variant_factory(no_angles), None, False)):
+                for name, factory, fields, check in VARIANTS:
                     try:
-                        y, ms = timed(x, factory, rows)
+                        y, ms = timed(x, factory, fields)
                     except Exception as e:  # noqa: BLE001 - a variant that does not compile: say why
                         lines.append(f"    {name}: {type(e).__name__}: {str(e)[:200]}")
                         continue
@@ -102,7 +114,7 @@ def main() -> None:
                                  + ("" if check else " (angles replaced)"))
                     if check:
                         torch.testing.assert_close(y, expected, rtol=2e-2, atol=2e-2)
-                print("\n".join(lines[-7:]), flush=True)
+                print("\n".join(lines[-1 - len(VARIANTS):]), flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
 
 
