@@ -59,9 +59,9 @@ from ._launch import CHECKED, block_indices, cdiv, launch, next_power_of_2
 from ._softmax import CHUNK
 
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = exp2(x log2 e)
-ONE_PASS_V = 16384  # the longest row the forward reads once into registers (32 per thread at 16 warps)
-TILE = 4096  # forward: logits per program when rows are short (several rows per program, as softmax)
-THREAD_ELEMENTS = 32  # forward: logits per thread (num_warps = tile / (32 * this), 1 to 16)
+ONE_PASS_V = 16384  # the longest row the forward reads once into registers (64 per thread at 8 warps)
+TILE = 2048  # forward: logits per program when rows are short (several rows per program, as softmax)
+THREAD_ELEMENTS = 64  # forward: logits per thread (num_warps = tile / (32 * this), 1 to 16)
 EARLY_LOAD = True  # forward, one pass: load the logits without waiting for the target
 PREFETCH = True  # forward, longer rows: load the next chunk before reducing the current one
 SUM_BLOCK, SUM_WARPS = 2048, 4  # mean / sum: rows per program of the partial sums, and its warps
