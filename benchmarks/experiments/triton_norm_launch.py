@@ -29,7 +29,7 @@ COLUMNS = [1024, 2048, 4096, 8192]  # rows kept on chip (the backward's ON_CHIP_
 VARIANTS = {  # field -> values; the product is the sweep
     "WARPS_PER_SM": [8, 16, 32],
     "BACKWARD_TILE": [4096, 8192],
-    "BACKWARD_THREAD_ELEMENTS": [8, 16],
+    "BACKWARD_THREAD_ELEMENTS": [8, 16, 32],
 }
 FORWARD_COLUMNS = [1024, 2048, 4096, 8192, 16384]  # --forward: rows the forward keeps on chip
 FORWARD_VARIANTS = {"FORWARD_THREAD_ELEMENTS": [4, 8, 16, 32]}
