@@ -1,5 +1,5 @@
 """Experiment: the triton layer_norm / rms_norm backward's launch choices (``kcourse/blas/triton/_norm.py``:
-``WARPS_PER_SM``, ``BACKWARD_TILE``, ``BACKWARD_THREAD_ELEMENTS``) at the row lengths models use,
+``WARPS_PER_SM``, ``BACKWARD_TILE``, ``BACKWARD_THREAD_ELEMENTS``, ``SHORT_ROW_THREAD_ELEMENTS``) at the row lengths models use,
 against the shipped choice and quack's backward, each timed as a CUDA-graph replay (the kernels
 alone, L2 flushed before each call).
 
@@ -29,7 +29,8 @@ COLUMNS = [1024, 2048, 4096, 8192]  # rows kept on chip (the backward's ON_CHIP_
 VARIANTS = {  # field -> values; the product is the sweep
     "WARPS_PER_SM": [8, 16, 32],
     "BACKWARD_TILE": [4096, 8192],
-    "BACKWARD_THREAD_ELEMENTS": [8, 16, 32],
+    "BACKWARD_THREAD_ELEMENTS": [8, 16],
+    "SHORT_ROW_THREAD_ELEMENTS": [16, 32],
 }
 FORWARD_COLUMNS = [1024, 2048, 4096, 8192, 16384]  # --forward: rows the forward keeps on chip
 FORWARD_VARIANTS = {"FORWARD_THREAD_ELEMENTS": [4, 8, 16, 32]}
