@@ -21,6 +21,7 @@ import itertools
 
 import torch
 
+from benchmarks.experiments import triton_rows_launch
 from benchmarks.timing import graph_ms
 from kcourse.blas.triton import _norm
 
@@ -53,15 +54,14 @@ def inputs(n: int, d: int, dtype: torch.dtype, center: bool):
 
 
 def with_fields(fields: dict, fn):
-    """``fn()`` with the module's launch constants set to ``fields``, then restored."""
-    saved = {k: getattr(_norm, k) for k in fields}
-    try:
-        for k, v in fields.items():
-            setattr(_norm, k, v)
-        return fn()
-    finally:
-        for k, v in saved.items():
-            setattr(_norm, k, v)
+    """``fn()`` with ``_norm``'s launch constants set to ``fields``, then restored."""
+    return triton_rows_launch.with_fields(_norm, fields, fn)
+
+
+def header(what: str, names) -> list:
+    """The report's first lines: what is swept, the device, and each field's shipped value."""
+    return [f"# triton norm {what} launch choices, {torch.cuda.get_device_name()}, graphed ms",
+            "fields: " + ", ".join(f"{k} (shipped {getattr(_norm, k)})" for k in names), ""]
 
 
 def quack_backward_ms(n: int, d: int, dtype: torch.dtype):
@@ -107,8 +107,7 @@ def peer_forward_ms(n: int, d: int, dtype: torch.dtype, center: bool) -> dict:
 
 def forward_sweep(dtypes, columns) -> list:
     names = list(FORWARD_VARIANTS)
-    lines = [f"# triton norm forward launch choices, {torch.cuda.get_device_name()}, graphed ms",
-             "fields: " + ", ".join(f"{k} (shipped {getattr(_norm, k)})" for k in names), ""]
+    lines = header("forward", names)
     for center, dtype, d in itertools.product((True, False), dtypes, columns):
         op = "layer_norm" if center else "rms_norm"
         n = ELEMENTS // d
@@ -156,8 +155,7 @@ def main() -> None:
     columns = LONG_COLUMNS if args.long else COLUMNS
     columns = columns[:1] if args.quick and args.long else [1024, 8192] if args.quick else columns
     names = list(variants)
-    lines = [f"# triton norm backward launch choices, {torch.cuda.get_device_name()}, graphed ms",
-             "fields: " + ", ".join(f"{k} (shipped {getattr(_norm, k)})" for k in names), ""]
+    lines = header("backward", names)
     for center, dtype, d in itertools.product((False, True), dtypes, columns):
         op = "layer_norm" if center else "rms_norm"
         n = ELEMENTS // d
