@@ -3,11 +3,14 @@
 against the shipped choice and quack's backward, each timed as a CUDA-graph replay (the kernels
 alone, L2 flushed before each call).
 
-    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick] [--long] [--forward]
+    python -m benchmarks.experiments.triton_norm_launch OUT.txt [--quick] [--long] [--forward] [--short-rows]
 
 ``--forward``: the forward's elements a thread (``FORWARD_THREAD_ELEMENTS``) instead, at D = 1024
 ... 16384, against Liger's and quack's forwards where importable (y and rstd checked against the
 shipped choice's).
+
+``--short-rows``: the reach of the backward's short-row rule (``SHORT_ROW``, ``SHORT_ROW_ITEMSIZE``,
+``SHORT_ROW_THREAD_ELEMENTS``) beside ``WARPS_PER_SM``, at D = 1024 ... 8192.
 
 ``--long``: rows the backward sweeps twice (D = 16384, 65536), over ``CHUNK_D``,
 ``LONG_ROW_STAGES`` and ``WARPS_PER_SM`` instead. Per op, dtype and (N, D) of ``ELEMENTS``
@@ -35,6 +38,12 @@ VARIANTS = {  # field -> values; the product is the sweep
 }
 FORWARD_COLUMNS = [1024, 2048, 4096, 8192, 16384]  # --forward: rows the forward keeps on chip
 FORWARD_VARIANTS = {"FORWARD_THREAD_ELEMENTS": [4, 8, 16, 32]}
+SHORT_VARIANTS = {  # --short-rows: how far the backward's short-row rule reaches (columns, dtypes)
+    "WARPS_PER_SM": [8, 16],
+    "SHORT_ROW": [1024, 2048, 4096],
+    "SHORT_ROW_ITEMSIZE": [2, 4],
+    "SHORT_ROW_THREAD_ELEMENTS": [16, 32],
+}
 LONG_COLUMNS = [16384, 65536]  # --long: rows the backward sweeps twice
 LONG_VARIANTS = {
     "CHUNK_D": [2048, 4096, 8192],
@@ -145,13 +154,14 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="bfloat16 only, D = 1024 and 8192 (with --long: 16384)")
     p.add_argument("--long", action="store_true", help="rows swept twice (LONG_COLUMNS), over LONG_VARIANTS")
     p.add_argument("--forward", action="store_true", help="the forward's choices (FORWARD_VARIANTS)")
+    p.add_argument("--short-rows", action="store_true", help="the backward's short-row rule (SHORT_VARIANTS)")
     args = p.parse_args()
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
     if args.forward:
         text = "\n".join(forward_sweep(dtypes, [4096] if args.quick else FORWARD_COLUMNS)) + "\n"
         open(args.out, "w").write(text)
         return
-    variants = LONG_VARIANTS if args.long else VARIANTS
+    variants = LONG_VARIANTS if args.long else SHORT_VARIANTS if args.short_rows else VARIANTS
     columns = LONG_COLUMNS if args.long else COLUMNS
     columns = columns[:1] if args.quick and args.long else [1024, 8192] if args.quick else columns
     names = list(variants)
@@ -164,9 +174,14 @@ def main() -> None:
         run = lambda: _norm.norm_backward(dy, x2, w, mean, rstd, needs)  # noqa: E731
         shipped = run()
         shipped_ms = graph_ms(run)
-        rows = []
+        rows, seen = [], set()
         for values in itertools.product(*variants.values()):
             fields = dict(zip(names, values))
+            plan = with_fields(fields, lambda: repr((_norm._backward_options(n, d, x2.element_size(), center),
+                                                     _norm.WARPS_PER_SM, _norm.LONG_ROW_STAGES, _norm.CHUNK_D)))
+            if plan in seen:  # the same launch as a variant already timed
+                continue
+            seen.add(plan)
             got = with_fields(fields, run)
             for a, e in zip(got, shipped):
                 if a is not None:

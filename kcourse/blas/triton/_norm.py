@@ -69,7 +69,8 @@ ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 p
 CHUNK_D = 4096  # the block of columns of a longer row, swept in a loop
 BACKWARD_TILE = 4096  # backward: rows of up to this many columns go several at a time, in tiles of this size
 BACKWARD_THREAD_ELEMENTS = 16  # backward: elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
-SHORT_ROW, SHORT_ROW_THREAD_ELEMENTS = 1024, 32  # ... but 16-bit rows of at most SHORT_ROW columns: this many
+SHORT_ROW, SHORT_ROW_THREAD_ELEMENTS = 1024, 32  # ... but rows of at most SHORT_ROW columns: this many,
+SHORT_ROW_ITEMSIZE = 2  # in dtypes of at most this many bytes
 PREFETCH_ITEMSIZE = 2  # backward: load the next tile ahead for dtypes of at most this many bytes (0: never)
 BACKWARD_STAGES = None  # backward: num_stages of the row loop (None: the compiler's default)
 LONG_ROW_STAGES = 3  # backward, rows longer than ON_CHIP_BACKWARD: num_stages of the sweeps' loops (loads in flight)
@@ -421,7 +422,7 @@ def _backward_options(n: int, d: int, itemsize: int, center: bool) -> dict:
     prefetch = itemsize <= PREFETCH_ITEMSIZE
     tile = CENTER_PREFETCH_TILE if center and prefetch and options["BLOCK_D"] <= 1024 else BACKWARD_TILE
     block_m = min(max(tile // options["BLOCK_D"], 1), next_power_of_2(max(n, 1)))
-    per_thread = SHORT_ROW_THREAD_ELEMENTS if itemsize <= 2 and options["BLOCK_D"] <= SHORT_ROW else \
+    per_thread = SHORT_ROW_THREAD_ELEMENTS if itemsize <= SHORT_ROW_ITEMSIZE and options["BLOCK_D"] <= SHORT_ROW else \
         BACKWARD_THREAD_ELEMENTS
     warps = min(max(block_m * options["BLOCK_D"] // (32 * per_thread), 1), 16)
     return {**options, "BLOCK_M": block_m, "PREFETCH": prefetch, "num_warps": warps}
