@@ -85,10 +85,11 @@ SPLIT_PROGRAMS_PER_SM = 2  # ... and the groups' count, as programs an SM (each 
 
 def _block(d: int, on_chip: int, per_thread: int = 8) -> dict:
     """Launch options for rows of ``d`` columns: the whole row as one block when it fits ``on_chip``,
-    else ``CHUNK_D`` columns at a time; about ``per_thread`` elements per thread (1 to 16 warps)."""
+    about ``per_thread`` elements per thread, else ``CHUNK_D`` columns at a time, 8 per thread (1 to
+    16 warps)."""
     block = next_power_of_2(max(d, 16))
     one_block = block <= on_chip
-    block = block if one_block else CHUNK_D
+    block, per_thread = (block, per_thread) if one_block else (CHUNK_D, 8)
     return {"BLOCK_D": block, "ONE_BLOCK": one_block, "num_warps": min(max(block // (32 * per_thread), 1), 16)}
 
 
