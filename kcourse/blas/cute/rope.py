@@ -32,10 +32,10 @@ loads are not predicated: a row past the last one is clamped to the last row (re
 stored); predicated loads cost ptxas ~50 more registers. On an H200 (2^27 elements, bfloat16, q's
 layout or contiguous) 128 threads and ROWS = 1 take 146 us, 256 threads and ROWS = 2 160 us, 512
 threads 158-211 us (float32: 270-281 us for 128 or 256 threads, any ROWS); triton's kernel takes
-133 us and quack's 133-135 us there. Not the angles: with none computed (cos = 1, sin = 0) this
-kernel takes 140-142 us, and 147-149 with them in float32 alone, as in float64
-(``benchmarks/experiments/cute_rope_angles.py``, H200, 2026-11-29); triton's programs move twice
-the bytes a thread (16 pairs against 8), but ROWS = 2, 4, 8 here took 154, 154-156 and 164-165 us. The grid
+133 us and quack's 133-135 us there. Not the angles: over two runs (H200, 2026-11-29,
+``benchmarks/experiments/cute_rope_angles.py``) this kernel took 144-149 us, with no angles computed
+(cos = 1, sin = 0) 140-144, with them in float32 alone 145-148; triton's programs move twice the
+bytes a thread (16 pairs against 8), but ROWS = 2 and 4 here took 142-155 and 146-156 us, 8 164-165. The grid
 is ``ceil(T * B / SLOTS)`` CTAs (no limit on T); offsets are 64-bit.
 
 Angles: a float32 theta at position p is off by up to p * 2^-24 radians (6e-5 at p = 1000), so the
