@@ -20,7 +20,9 @@ attention                 ``kcourse.blas.cute.attention``        the Hopper forw
                                                                  walk, buffers and stores
 ========================  =====================================  ===================================
 
-(Only the cute backend has such choices: triton's kernels pick theirs with ``triton.autotune``.)
+(Only the cute backend has such tables: triton's kernels pick theirs with ``triton.autotune``, or
+from module constants named for what they choose, ``_norm.FORWARD_THREAD_ELEMENTS`` say, which
+``benchmarks/experiments/triton_*_launch.py`` sweep.)
 Ops that share a table's type keep separate tables: overriding softmax leaves log_softmax alone.
 
 Benchmarks try a variant against the shipped launch with ``override``::

@@ -4,7 +4,7 @@ Backward: ``dx_i = dy_i - exp(y_i) sum_j dy_j`` (``exp(y)`` is the softmax).
 
 FLOPs ~5 per element forward, 3 backward. Bytes: read x and write y (2 * numel * itemsize) for rows
 of up to 16384 elements, kept in registers; a longer row is read twice. Memory bound. The kernels,
-shared with softmax, are in ``_rows.py``.
+shared with softmax, are in ``_softmax.py``.
 """
 from ._softmax import softmax_rows, softmax_rows_backward
 

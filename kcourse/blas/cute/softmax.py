@@ -4,8 +4,8 @@ Backward: ``dx_i = y_i (dy_i - sum_j dy_j y_j)`` (the Jacobian is ``diag(y) - y 
 
 FLOPs ~5 per element forward, 4 backward. Bytes: read x and write y (2 * numel * itemsize) for rows
 of up to 16384 elements, kept in registers; a longer row is read twice. Memory bound. The kernels,
-shared with log_softmax, are in ``_rows.py`` (rows along any dim addressed through layouts,
-128-bit accesses, warp-shuffle then shared-memory row reductions, an online logsumexp).
+shared with log_softmax, are in ``_softmax.py``, over ``_rows.py``'s rows (along any dim, addressed
+through layouts, 128-bit accesses, warp-shuffle then shared-memory row reductions, an online logsumexp).
 """
 from ._softmax import softmax_rows, softmax_rows_backward
 
