@@ -1,4 +1,5 @@
-"""The benchmark history: one append-only JSONL file of every measurement, and the latest per device.
+"""The benchmark history: one append-only, gzip-compressed JSONL file of every measurement, and the
+latest per device.
 
     python -m benchmarks.history add OUT/results.json [more.json ...]   # append a run (benchmarks/run.py's JSON)
     python -m benchmarks.history add OUT/gpt.json                        # or a training run (benchmarks/gpt.py's JSON)
@@ -7,10 +8,12 @@
     python -m benchmarks.history add OUT/decode.json                     # or decode tokens/s (benchmarks/decode.py)
     python -m benchmarks.history add OUT/peers.json                      # or against the peers (benchmarks/peers.py)
     python -m benchmarks.history add OUT/ab.json                         # or two versions on one host (benchmarks/ab.py)
+    python -m benchmarks.history add OUT/index_check.json                # or the index checks' cost (benchmarks/index_check.py)
     python -m benchmarks.history latest                                  # rewrite latest/<device>.md + .png
     python -m benchmarks.history readme                                  # rewrite README.md's performance table
 
-``benchmarks/results/history.jsonl`` holds one JSON object a line: for each run, first a run line
+``benchmarks/results/history.jsonl.gz`` (read it with ``zcat``; each ``add`` appends one gzip member,
+which gzip reads as part of one stream) holds one JSON object a line: for each run, first a run line
 ``{"run": {"device", "date", "versions", "commit"}, "same": {...}, "columns": [...]}`` (where, when
 and with what it ran; the fields every point of the run shares; the names of the others), then one
 JSON array a measured point, its values in ``columns``' order (null: absent), which ``load`` returns
@@ -43,6 +46,8 @@ The fields:
                                            compiled kernels and tuning picks of an earlier one on disk
                                            (``first_step_s``; ``process_s`` the whole process; benchmarks/gpt.py
                                            --cold-start)
+    check_ms, check_share, how             index checks (mode ``index check``, benchmarks/index_check.py): the
+                                           check's time, its share of the op's ``ms``, and which check
     gpus, efficiency, peak_gib             scaling runs (benchmarks/scaling.py): processes, tokens/s per
                                            GPU over the model's 1-GPU run, peak memory per GPU (and
                                            ``host_ms``: the slowest rank's median time to issue a step)
@@ -55,6 +60,7 @@ and training throughput) and ``latest/<device>.png`` (fraction of the ceiling at
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import re
@@ -66,7 +72,7 @@ from benchmarks.summarize import shape_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-HISTORY = RESULTS / "history.jsonl"
+HISTORY = RESULTS / "history.jsonl.gz"
 LATEST = RESULTS / "latest"
 README = ROOT / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -247,6 +253,20 @@ def rows_from_fused(results: dict) -> list[dict]:
     return rows
 
 
+def rows_from_index_check(results: dict) -> list[dict]:
+    """The rows of a ``benchmarks/index_check.py`` index_check.json: each op's forward time on each
+    backend and what its check of the indices costs of it (``check_ms``, ``check_share``; none where
+    torch's own kernel checks, ``how`` says which check)."""
+    meta = results["meta"]
+    return [_clean(dict(
+        op=r["op"], backend=r["backend"], shape=f"{meta['tokens']}x{meta['vocab']}x{meta['dim']}",
+        dtype=meta.get("dtype", "bfloat16"), direction="fwd", mode="index check", ms=_round(r["op_ms"]),
+        check_ms=_round(r["check_ms"]), check_share=_round(r["fraction"]), how=r["how"], device=meta["device"],
+        date=meta.get("date_utc", meta.get("date")),
+        versions={k: meta.get(k) for k in ("torch", "triton", "cuda", "python") if meta.get(k)},
+        commit=meta.get("commit") or _commit(meta))) for r in results["rows"]]
+
+
 def rows_from_decode(results: dict) -> list[dict]:
     """The rows of a ``benchmarks/decode.py`` decode.json: decode tokens/s of each model and mode (ms:
     one decode step), kcourse's against its transformers baseline; only runs whose tokens matched."""
@@ -316,6 +336,8 @@ def rows_from_file(path: Path) -> list[dict]:
         return rows_from_variants(results)
     if "runs" in results:
         return rows_from_scaling(results)
+    if "rows" in results and any("op_ms" in r for r in results["rows"]):
+        return rows_from_index_check(results)
     if "rows" in results:
         return rows_from_host(results)
     if "torch.nn" in results:
@@ -332,12 +354,23 @@ RUN_FIELDS = ("versions", "commit")  # a run's, kept once on its run line, not o
 _LEGACY_LM_HEAD = re.compile(r"^N(\d+) d(\d+) V(\d+)$")
 
 
+def _open(path: Path, mode: str):
+    """``path`` opened as text: through gzip when it ends in ``.gz`` (appending writes a new member)."""
+    return gzip.open(path, mode + "t") if path.suffix == ".gz" else path.open(mode)
+
+
+def read_lines(path: Path = HISTORY) -> list[str]:
+    """The history file's lines, decompressed."""
+    with _open(path, "r") as f:
+        return f.read().splitlines()
+
+
 def load(path: Path = HISTORY) -> list[dict]:
     """Every measured point, each with its run's versions and commit."""
     if not path.exists():
         return []
     rows, run, same, columns = [], {}, {}, []
-    for line in path.read_text().splitlines():
+    for line in read_lines(path):
         if not line.strip():
             continue
         row = json.loads(line)
@@ -388,7 +421,7 @@ def add(paths: list[Path], history: Path = HISTORY, ab_base: bool = False) -> in
         new += rows
         seen |= {(r["device"], r["date"], r["op"]) for r in rows}
     history.parent.mkdir(parents=True, exist_ok=True)
-    with history.open("a") as f:
+    with _open(history, "a") as f:
         write(sorted(new, key=lambda r: r["date"]), f)
     return len(new)
 
@@ -438,7 +471,7 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
     names = sorted({r["device"] for r in rows})
     versions = sorted({", ".join(f"{k} {v}" for k, v in r["versions"].items()) for r in rows if r.get("versions")})
     out = [f"# Latest benchmark results: {', '.join(names)}", "",
-           f"Generated by `python -m benchmarks.history latest` from [`history.jsonl`](../history.jsonl): the newest "
+           f"Generated by `python -m benchmarks.history latest` from [`history.jsonl.gz`](../history.jsonl.gz): the newest "
            f"measurement of each point, taken {dates[0]} to {dates[-1]} (UTC) with {'; '.join(versions)}. "
            "How each point is measured: [`benchmarks/README.md`](../../README.md).", "",
            f"![fraction of the ceiling at the target points]({slug}.png)", "",
@@ -526,6 +559,13 @@ def device_markdown(slug: str, rows: list[dict]) -> str:
             lambda r: (r["op"], r["direction"], r["backend"], f"{r['ms'] * 1000:.1f}", f"{r['ratio']:.2f}x",
                        r["date"][:10]),
             sorted((r for r in rows if r.get("mode") == "host"), key=lambda r: (r["op"], r["direction"], _order(r))))
+    section("Cost of the index checks (`benchmarks/index_check.py`)",
+            "The device-side check that refuses an out-of-range index, against the op's forward (target: under 2%).",
+            "op | backend | shape | op ms> | check ms> | share> | how | date",
+            lambda r: (r["op"], r["backend"], r["shape"], f"{r['ms']:.4f}", number(r.get("check_ms"), ".4f"),
+                       "-" if r.get("check_share") is None else f"{100 * r['check_share']:.1f}%", r["how"],
+                       r["date"][:10]),
+            sorted((r for r in rows if r.get("mode") == "index check"), key=lambda r: (r["op"], _order(r))))
     return "\n".join(out) + "\n"
 
 
@@ -673,12 +713,12 @@ def readme_section(readme: Path = README) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_add = sub.add_parser("add", help="append runs' JSON to history.jsonl, then rewrite latest/ and the README table")
+    p_add = sub.add_parser("add", help="append runs' JSON to history.jsonl.gz, then rewrite latest/ and the README table")
     p_add.add_argument("runs", nargs="+", type=Path)
     p_add.add_argument("--ab-base", action="store_true",
                        help="the runs are of an older version, measured beside a newer one on the same host")
-    sub.add_parser("latest", help="rewrite latest/<device>.md and .png from history.jsonl")
-    sub.add_parser("readme", help="rewrite README.md's performance table from history.jsonl")
+    sub.add_parser("latest", help="rewrite latest/<device>.md and .png from history.jsonl.gz")
+    sub.add_parser("readme", help="rewrite README.md's performance table from history.jsonl.gz")
     args = parser.parse_args(argv)
     if args.command == "add":
         print(f"appended {add(args.runs, ab_base=args.ab_base)} rows to {HISTORY.relative_to(ROOT)}")

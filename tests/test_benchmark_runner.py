@@ -68,8 +68,8 @@ def test_history_rows_of_a_run(bench, cpu_run, tmp_path):
 
 
 def test_history_file_parses(bench):
-    path = ROOT / "benchmarks" / "results" / "history.jsonl"
-    lines = path.read_text().splitlines()
+    _, history = bench
+    lines = history.read_lines()  # the committed history, decompressed
     assert "run" in json.loads(lines[0])  # every point follows the run line it belongs to
     for number, line in enumerate(lines, 1):
         row = json.loads(line)
@@ -81,10 +81,11 @@ def test_history_file_parses(bench):
             width = len(row["columns"])
         else:
             assert isinstance(row, list) and len(row) == width, number
-    for row in bench[1].load(path):
+    rows = history.load()
+    for row in rows:
         measured = "first_step_s" if row.get("mode") == "cold start" else "ms"  # (a first step: no step time)
         assert {"op", "backend", "shape", "dtype", "direction", measured} <= set(row)
-    assert all(r["device"] and r["date"] for r in bench[1].load(path))
+    assert all(r["device"] and r["date"] for r in rows)
 
 
 def test_readme_performance_table_is_current(bench):
@@ -105,6 +106,10 @@ def test_index_check_rows(bench, tmp_path):
         assert r["op_ms"] > 0
         assert r["check_ms"] is None or r["fraction"] == r["check_ms"] / r["op_ms"]
     assert json.loads((tmp_path / "index_check.json").read_text()) == result
+    _, history = bench
+    recorded = history.rows_from_file(tmp_path / "index_check.json")  # what `history add` keeps of it
+    assert {(r["op"], r["backend"], r["mode"]) for r in recorded} == {(op, b, "index check") for op, b in rows}
+    assert all(r["ms"] > 0 and r["shape"] == "16x64x8" for r in recorded)
 
 
 def test_environment_takes_the_commit_it_is_given(monkeypatch):

@@ -93,7 +93,7 @@ def test_history_takes_the_json(modules, cpu_run, tmp_path):
     assert all(r["baseline"] == "torch eager" for r in rows if not r.get("role"))
     assert {r["role"] for r in rows if r.get("role")} == {"peer"}
     committed = history.HISTORY.read_bytes()
-    file = tmp_path / "history.jsonl"
+    file = tmp_path / history.HISTORY.name
     shutil.copy(history.HISTORY, file)
     before = len(history.load(file))
     assert history.add([out / "peers.json"], file) == len(rows)
