@@ -512,12 +512,18 @@ def dtypes_of(name: str, dtypes: list[torch.dtype]) -> list[torch.dtype]:
     return [d for d in dtypes if str(d).removeprefix("torch.") in OP_DTYPES.get(name, DTYPES)]
 
 
+def sizes(name: str, args) -> list:
+    """The sizes of ``name``'s points in this run: ``SIZES``, a row op's only at ``--columns``."""
+    every = SIZES[name][args.device, args.quick]
+    return [n for n in every if not args.columns or name not in ROW_OPS or n[1] in args.columns]
+
+
 def run_op(name: str, args, backends: list[str], peers: list, timer) -> list[dict]:
     """Every (dtype, size, direction) of one op, peers and backends."""
     labels = [peer.name for peer, _ in peers] + backends
     points, start = [], time.perf_counter()
     for dtype in dtypes_of(name, args.dtypes):
-        for n in SIZES[name][args.device, args.quick]:
+        for n in sizes(name, args):
             case = Case(op_named(name), dtype, n, False, args.device)
             points += per_direction(case, labels, DIRECTIONS,
                                     lambda d: run_point(case, d, backends, peers, timer, args.rounds))
@@ -651,8 +657,8 @@ def metadata(args, backends: list[str], skipped: dict, timer_text: str) -> dict:
         env["device"] = f"CPU ({platform.processor() or platform.machine()})"
     return dict(env, runner="benchmarks/peers.py", ops=args.ops,
                 dtypes=[str(d).removeprefix("torch.") for d in args.dtypes], elements=ELEMENTS[args.device],
-                columns=COLUMNS[args.device, args.quick],
-                shapes={op: [op_named(op).shape(n) for n in SIZES[op][args.device, args.quick]] for op in args.ops},
+                columns=[d for d in COLUMNS[args.device, args.quick] if not args.columns or d in args.columns],
+                shapes={op: [op_named(op).shape(n) for n in sizes(op, args)] for op in args.ops},
                 x_labels={op: x_label(op, args.device) for op in args.ops}, directions=list(DIRECTIONS),
                 backends=backends, skipped_backends=skipped, quick=args.quick, rounds=args.rounds, timer=timer_text,
                 graphed=args.graphed,
@@ -684,6 +690,8 @@ def parse_args(argv=None):
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bfloat16,float32")
     parser.add_argument("--quick", action="store_true",
                         help="fewer sizes: row lengths 1k, 16k, 256k; two of the others' (SIZES)")
+    parser.add_argument("--columns", default="",
+                        help="row lengths of the row ops to run, comma-separated (default: every one of COLUMNS)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: tiny sizes, a perf_counter timer, torch eager only: a smoke test of this script")
     parser.add_argument("--rounds", type=int, default=1,
@@ -698,6 +706,7 @@ def parse_args(argv=None):
     args.peers = names(args.peers, PEERS, "peers", parser)
     args.dtypes = [DTYPES[d] for d in names(args.dtypes, DTYPES, "dtypes", parser)]
     args.backends = [b for b in args.backends.split(",") if b]
+    args.columns = [int(d) for d in args.columns.split(",") if d]
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.graphed and args.device != "cuda":

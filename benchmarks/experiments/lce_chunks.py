@@ -4,6 +4,11 @@ the unfused composition (gemm, then cross_entropy) the fused op must beat (issue
 the unfused, peak memory <= 0.25x).
 
     python -m benchmarks.experiments.lce_chunks OUT.txt [--backends triton,cute] [--chunks 2,3,4,6,8]
+    python -m benchmarks.experiments.lce_chunks OUT.txt --profile [--shapes 0,1]   # GPU time per kernel
+
+``--profile``: instead of timing, each variant's forward and backward under torch.profiler, its GPU
+time summed per kernel (microseconds a step, and launches a step): where the fused op's time goes
+beside the unfused composition's and torch eager's (cuBLAS and ATen).
 
 Fewer chunks mean fewer, larger gemms: dweight is read and written once a chunk (the gemm adds each
 chunk's product in its epilogue), and a chunk's dx product, (N / C, V) @ (V, K), has few output tiles
@@ -12,11 +17,36 @@ at K = 768 (under one wave at C = 8); more memory for the chunk's logits. Shapes
 forward and backward; peak memory above what was allocated before the call).
 """
 import argparse
+from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks import fused, timing
 from kcourse.blas import _host
+
+
+def kernel_times(step, steps: int = 5) -> list[tuple[str, float, float]]:
+    """(kernel name, GPU us a step, launches a step) of ``step()``, most time first."""
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total, count = defaultdict(float), defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[e.name] += e.time_range.elapsed_us()
+            count[e.name] += 1
+    return sorted(((n, total[n] / steps, count[n] / steps) for n in total), key=lambda r: -r[1])
+
+
+def profile(lines, name, step) -> None:
+    rows = kernel_times(step)
+    lines.append(f"  {name}: {sum(r[1] for r in rows):.0f} us of kernels a step")
+    lines.extend(f"    {us:9.1f} us {n:5.1f}x  {k[:110]}" for k, us, n in rows[:12])
+    print("\n".join(lines[-1 - min(12, len(rows)):]), flush=True)
 
 
 def main() -> None:
@@ -24,14 +54,30 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--backends", default="triton,cute")
     p.add_argument("--chunks", default="2,3,4,6,8")
+    p.add_argument("--profile", action="store_true", help="GPU time per kernel instead of timing")
+    p.add_argument("--shapes", default=None, help="indices into the op's shapes (comma list)")
     args = p.parse_args()
     op = fused.OPS["linear_cross_entropy"]
     time_ms = timing.timer("cuda")
     lines = [f"# linear_cross_entropy chunk count, {torch.cuda.get_device_name()}, bf16, ms and peak GiB "
              f"(shipped CHUNKS = {_host.CHUNKS})"]
-    for shape in op.shapes:
+    shapes = op.shapes if args.shapes is None else [op.shapes[int(i)] for i in args.shapes.split(",")]
+    for shape in shapes:
         inputs = [t.cuda() if not t.is_floating_point() else t.to("cuda", torch.bfloat16).requires_grad_()
                   for t in op.inputs(shape, torch.Generator().manual_seed(0))]
+        if args.profile:
+            lines.append(f"{shape}")
+            step = lambda f: lambda: F.cross_entropy(f(*inputs[:2]), inputs[2]).backward()  # noqa: E731
+            profile(lines, "torch eager", step(F.linear))
+            for backend in args.backends.split(","):
+                profile(lines, f"{backend} unfused", lambda: op.unfused(backend)(*inputs).backward())
+                for chunks in map(int, args.chunks.split(",")):
+                    shipped, _host.CHUNKS = _host.CHUNKS, chunks
+                    try:
+                        profile(lines, f"{backend} CHUNKS={chunks}", lambda: op.fused(backend)(*inputs).backward())
+                    finally:
+                        _host.CHUNKS = shipped
+            continue
         for backend in args.backends.split(","):
             unfused = fused.measure(op.unfused(backend), inputs, time_ms, "cuda")
             lines.append(f"{shape} {backend}: unfused {unfused['ms']:.3f} ms, {unfused['peak_bytes'] / 2**30:.2f} GiB")
