@@ -21,7 +21,7 @@ def elementwise(op, layout, dtype, shape=(37, 41)):
     return {
         "copy": lambda f: f(x, out),
         "swap": lambda f: f(x, y, x, y),
-        "scal": lambda f: f(x, 0.5, out),
+        "scal": lambda f: (f(x, 0.5, out), f(x, torch.tensor(0.5), out)),  # and alpha read from memory
         "axpby": lambda f: (f(x, y, 2.0, -1.0, out), f(x, None, 2.0, 0.0, out)),  # and beta == 0
     }[op]
 

@@ -414,7 +414,8 @@ def acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backward, chunked=True,
-                             dlogits_in_place=False, weights_on_operands=False, cross_entropy_grad=None):
+                             dlogits_in_place=False, weights_on_operands=False, cross_entropy_grad=None,
+                             scal=None):
     """``(linear_cross_entropy, linear_cross_entropy_backward)`` of a backend from its own kernels
     (``gemm``, ``gemv``, ``cross_entropy`` and its backward, as ``kcourse.blas.<backend>`` exports them):
     ``cross_entropy(x @ weight.T + bias, target)`` for x (N, K), weight (V, K), ``chunk_rows`` rows
@@ -427,7 +428,10 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
     scaling is a pass of its own (the pytorch backend's ATen ops; a kernel fuses it).
     ``cross_entropy_grad(logits, target, ignore_index) -> (loss, dlogits, valid)``: a chunk's forward
     and its unweighted backward in one call (with ``weights_on_operands``), for the pass that computes
-    both; ``valid`` (rows,) marks the rows whose target is not ignore_index.
+    both; ``valid`` (rows,) marks the rows whose target is not ignore_index. ``scal(g, alpha, out)``:
+    the backend's kernel for ``out <- alpha * g`` with alpha a 0-d float32 tensor it reads on the
+    device (the backward's scale), where torch's own product of a half tensor and a float32 0-d
+    tensor takes its unvectorized casting path (a quarter of copy bandwidth; None: that product).
 
     With ``grads`` (some input wants a gradient) and a "mean" or "sum", the forward also computes the
     gradients, in the same pass over the chunk: dlogits = softmax - onehot (the sum's backward for
@@ -555,8 +559,18 @@ def linear_cross_entropy_ops(*, gemm, gemv, cross_entropy, cross_entropy_backwar
         # A half tensor times a 0-d float32 tensor is computed in float32 and rounded once.
         scale = dout.to(acc_dtype(x))
         scale = scale / n_valid.clamp(min=1) if reduction == "mean" else scale
-        dx, dweight, dbias = (None if not want else g.mul_(scale) if in_place else g * scale
-                              for g, want in zip(computed, wanted))
+
+        def scaled(g):
+            if scal is None:
+                return g.mul_(scale) if in_place else g * scale
+            out = g if in_place else torch.empty_like(g)
+            if g.numel():
+                scal(g, scale, out)
+            if in_place:  # a kernel's raw writes leave g's version as it was: autograd must see the change
+                torch.autograd.graph.increment_version(g)
+            return out
+
+        dx, dweight, dbias = (scaled(g) if want else None for g, want in zip(computed, wanted))
         return dx, dweight, None, dbias
 
     return linear_cross_entropy, linear_cross_entropy_backward

@@ -1,8 +1,9 @@
 """The CuTe kernel behind copy, swap, scal and axpby: one factory for every elementwise op.
 
 An op is described by an ``Elementwise`` (how many tensors it reads and writes, how many scalars
-it takes, and its math on register fragments); ``run`` launches it over same-shape tensors of any
-shape and strides, moving data with 128-bit accesses wherever the layouts allow it.
+it takes, as numbers or read from memory, and its math on register fragments); ``run`` launches it
+over same-shape tensors of any shape and strides, moving data with 128-bit accesses wherever the
+layouts allow it.
 
 The index space
 ---------------
@@ -91,6 +92,7 @@ class Elementwise:
     math: Callable = field(repr=False)
     float32: bool  # True: math on float32, each result rounded once; False: values move bit for bit
     scalars: int = 0  # Float32 scalars, passed after the tensors
+    scalars_in_memory: bool = False  # True: each scalar a 0-d float32 tensor on the GPU, read by the kernel
 
     def __post_init__(self):
         # What names the op's compiled kernels on disk (``_disk.identity``; ``math`` is usually a
@@ -149,7 +151,10 @@ def run(op: Elementwise, tensors: tuple[torch.Tensor, ...], scalars: tuple[float
     args += shape
     for s in strides:
         args += s[:-1] if unit_inner else s
-    args += [float(a) for a in scalars]
+    if op.scalars_in_memory:  # their addresses (4-byte aligned floats)
+        args += [_compile.pointer(a, 4) for a in scalars]
+    else:
+        args += [float(a) for a in scalars]
     _compile.launch(elementwise_kernel, key, _compile.stream(tensors[0].device), *args)
 
 
@@ -211,7 +216,9 @@ def elementwise_kernel(op: Elementwise, dtype: torch.dtype, rank: int, vec: int,
                             for src, frag in zip(srcs, frags):
                                 frag[j, k] = src[j, v]
 
-        # 2. the math, on whole fragments
+        # 2. the math, on whole fragments (scalars in memory: each thread reads the same 4 bytes)
+        if const_expr(op.scalars_in_memory):
+            scalars = [Float32(a[0]) for a in scalars]
         values = [frag.load() for frag in frags]
         if const_expr(op.float32):
             values = [x.to(Float32) for x in values]
@@ -242,6 +249,8 @@ def elementwise_kernel(op: Elementwise, dtype: torch.dtype, rank: int, vec: int,
             strides, args = args[:passed_strides], args[passed_strides:]
             views.append(vector_view(pointer, shape, (*strides, 1) if const_expr(unit_inner) else strides, vec))
         scalars = list(args)
+        if const_expr(op.scalars_in_memory):  # a pointer each: a one-element tensor
+            scalars = [cute.make_tensor(a, cute.make_layout(1)) for a in scalars]
         numel = shape[0]
         for size in shape[1:]:
             numel *= size

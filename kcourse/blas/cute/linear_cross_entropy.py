@@ -1,13 +1,15 @@
 """linear_cross_entropy: the LM head and its loss (``_host.linear_cross_entropy_ops``) over this
 backend's CuTe kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py``
 (``_gemm_sm90`` on Hopper; each chunk's dweight added in the gemm's epilogue), the loss, lse and dlogits by
-``cross_entropy.py`` (dlogits written over the chunk's logits), dbias by ``gemv.py``.
+``cross_entropy.py`` (dlogits written over the chunk's logits), dbias by ``gemv.py``, the backward's
+scale (dout / n_valid) by ``scal.py``, read on the device.
 """
 from .. import _host
 from .cross_entropy import cross_entropy, cross_entropy_backward
 from .gemm import gemm
 from .gemv import gemv
+from .scal import scal
 
 linear_cross_entropy, linear_cross_entropy_backward = _host.linear_cross_entropy_ops(
     gemm=gemm, gemv=gemv, cross_entropy=cross_entropy, cross_entropy_backward=cross_entropy_backward,
-    dlogits_in_place=True)
+    dlogits_in_place=True, scal=scal)

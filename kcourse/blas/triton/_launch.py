@@ -101,10 +101,10 @@ def strided_offsets(i, shape, strides):
     return offsets + i * strides[0]
 
 
-def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
-    """Run ``kernel(*tensors, numel, shape, *strides, *scalars, BLOCK)`` over the same-shape
-    ``tensors``, one program per BLOCK elements. A ``None`` tensor (an operand the kernel must not
-    read) is passed as ``None``, with ``None`` strides."""
+def launch_elementwise(op: str, kernel, tensors, *scalars, **constexprs) -> None:
+    """Run ``kernel(*tensors, numel, shape, *strides, *scalars, BLOCK, **constexprs)`` over the
+    same-shape ``tensors``, one program per BLOCK elements. A ``None`` tensor (an operand the kernel
+    must not read) is passed as ``None``, with ``None`` strides."""
     present = [t for t in tensors if t is not None]
     numel = present[0].numel()
     if all(t.is_contiguous() for t in present):  # the common case, and what strided_layout would return
@@ -114,7 +114,7 @@ def launch_elementwise(op: str, kernel, tensors, *scalars) -> None:
     present_strides = iter(strides)
     strides = [next(present_strides) if t is not None else None for t in tensors]
     launch(kernel, (cdiv(numel, BLOCK),), *tensors, numel, shape, *strides, *scalars, BLOCK=BLOCK,
-           num_warps=NUM_WARPS)
+           num_warps=NUM_WARPS, **constexprs)
 
 
 _PICKED: dict = {}  # (autotuned kernel, caller's key) -> (config its autotuner picked, the config's arguments)
