@@ -5,6 +5,7 @@ the unfused, peak memory <= 0.25x).
 
     python -m benchmarks.experiments.lce_chunks OUT.txt [--backends triton,cute] [--chunks 2,3,4,6,8]
     python -m benchmarks.experiments.lce_chunks OUT.txt --profile [--shapes 0,1]   # GPU time per kernel
+    python -m benchmarks.experiments.lce_chunks OUT.txt --graphed    # timed as CUDA-graph replays
 
 ``--profile``: instead of timing, each variant's forward and backward under torch.profiler, its GPU
 time summed per kernel (microseconds a step, and launches a step): where the fused op's time goes
@@ -26,25 +27,29 @@ from benchmarks import fused, timing
 from kcourse.blas import _host
 
 
-def kernel_times(step, steps: int = 5) -> list[tuple[str, float, float]]:
-    """(kernel name, GPU us a step, launches a step) of ``step()``, most time first."""
+def kernel_times(step, steps: int = 5) -> tuple[list[tuple[str, float, float]], float]:
+    """(kernel name, GPU us a step, launches a step) of ``step()``, most time first, and the span of
+    the steps' kernels a step (first start to last end over ``steps`` steps in a row: their sum
+    plus the GPU's idle time between them)."""
     step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    total, count = defaultdict(float), defaultdict(int)
+    total, count, ends = defaultdict(float), defaultdict(int), []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.time_range.elapsed_us()
             count[e.name] += 1
-    return sorted(((n, total[n] / steps, count[n] / steps) for n in total), key=lambda r: -r[1])
+            ends += [e.time_range.start, e.time_range.end]
+    rows = sorted(((n, total[n] / steps, count[n] / steps) for n in total), key=lambda r: -r[1])
+    return rows, (max(ends) - min(ends)) / steps
 
 
 def profile(lines, name, step) -> None:
-    rows = kernel_times(step)
-    lines.append(f"  {name}: {sum(r[1] for r in rows):.0f} us of kernels a step")
+    rows, span = kernel_times(step)
+    lines.append(f"  {name}: {sum(r[1] for r in rows):.0f} us of kernels a step, spanning {span:.0f} us")
     lines.extend(f"    {us:9.1f} us {n:5.1f}x  {k[:110]}" for k, us, n in rows[:12])
     print("\n".join(lines[-1 - min(12, len(rows)):]), flush=True)
 
@@ -56,11 +61,12 @@ def main() -> None:
     p.add_argument("--chunks", default="2,3,4,6,8")
     p.add_argument("--profile", action="store_true", help="GPU time per kernel instead of timing")
     p.add_argument("--shapes", default=None, help="indices into the op's shapes (comma list)")
+    p.add_argument("--graphed", action="store_true", help="time CUDA-graph replays (the kernels without the host)")
     args = p.parse_args()
     op = fused.OPS["linear_cross_entropy"]
-    time_ms = timing.timer("cuda")
+    time_ms = timing.graph_ms if args.graphed else timing.timer("cuda")
     lines = [f"# linear_cross_entropy chunk count, {torch.cuda.get_device_name()}, bf16, ms and peak GiB "
-             f"(shipped CHUNKS = {_host.CHUNKS})"]
+             f"(shipped CHUNKS = {_host.CHUNKS}){', CUDA-graph replays' if args.graphed else ''}"]
     shapes = op.shapes if args.shapes is None else [op.shapes[int(i)] for i in args.shapes.split(",")]
     for shape in shapes:
         inputs = [t.cuda() if not t.is_floating_point() else t.to("cuda", torch.bfloat16).requires_grad_()
