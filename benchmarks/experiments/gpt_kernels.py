@@ -3,6 +3,7 @@ torch.nn: the kernel launches a step makes and their GPU time, grouped by the ou
 each launch (or, where none is, the event that launched it: a kcourse op's autograd Function).
 
     source .cute/activate.sh && python -m benchmarks.experiments.gpt_kernels OUT.txt [--backends pytorch]
+    ... --backends triton,cute --by kernel      # each kernel's GPU time a step, most first
 
 The model, optimizer and batch of ``benchmarks/gpt.py`` (GPT-2 124M, bf16 weights, T = 1024,
 ``--batch``); after three warm-up steps, ``--steps`` steps under torch.profiler (CPU and CUDA). Per
@@ -39,17 +40,20 @@ def profile_variant(name: str, args, c, initial, data) -> list[str]:
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CPU or not e.kernels:  # each kernel hangs on one CPU event
             continue
-        us, n = sum(k.duration for k in e.kernels), len(e.kernels)
-        op = launcher(e) or e
-        g = groups[op.name]
-        g[0] += n
-        g[1] += us
-        launches += n
-        gpu_us += us
+        if args.by == "kernel":  # each kernel by its own name
+            for k in e.kernels:
+                groups[k.name[:100]][0] += 1
+                groups[k.name[:100]][1] += k.duration
+        else:
+            op = launcher(e) or e
+            groups[op.name][0] += len(e.kernels)
+            groups[op.name][1] += sum(k.duration for k in e.kernels)
+        launches += len(e.kernels)
+        gpu_us += sum(k.duration for k in e.kernels)
     s = args.steps
     lines = [f"## {name}: {launches / s:.0f} kernel launches a step, {gpu_us / s / 1e3:.2f} ms of kernels a step"]
     lines.append(f"  {'a step':>7} {'ms':>7}  op")
-    for op, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.rows]:
+    for op, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][0 if args.by == "op" else 1])[:args.rows]:
         lines.append(f"  {n / s:7.1f} {us / s / 1e3:7.3f}  {op}")
     del model, step
     torch.cuda.empty_cache()
@@ -64,6 +68,8 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--rows", type=int, default=40)
     p.add_argument("--modes", default="eager")
+    p.add_argument("--by", choices=("op", "kernel"), default="op",
+                   help="group by the launching op (most launches first) or by kernel name (most GPU time first)")
     args = p.parse_args()
     args.device, args.cuda, args.dtype, args.arch, args.tiny = "cuda", True, "bfloat16", "gpt2", False
     args.allow_graph_breaks = False
@@ -74,7 +80,7 @@ def main():
     lines = [f"# GPT-2 124M, batch {args.batch}, T {c.block_size}: {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}"]
     for mode in args.modes.split(","):
-        for model in ["torch.nn", *args.backends.split(",")]:
+        for model in ["torch.nn", *[b for b in args.backends.split(",") if b]]:
             lines += profile_variant(f"{model}:{mode}", args, c, initial, data)
             print("\n".join(lines[-args.rows - 2:]), flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
