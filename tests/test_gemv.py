@@ -57,9 +57,30 @@ def test_gemv_beta0_ignores_nan(backend, inplace):
     assert_close(out, blas.gemv(A, x, None, 2.0, backend="python"), k=37)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("shape", [(37, 3001), (5, 4099), (200, 8195)])
+def test_gemv_few_long_rows(backend, shape, layout):
+    # a bias gradient's shape (few outputs, long rows): the triton kernel splits the columns (2, 4
+    # and 4 slices here, the last ragged; on a GPU more) and adds the partial sums up with alpha and
+    # beta, in place too
+    m, n = shape
+    A, x, y = randn(m, n, dtype=torch.bfloat16, layout=layout), randn(n, dtype=torch.bfloat16), randn(m, dtype=torch.bfloat16)
+    expected = blas.gemv(A, x, y, 0.5, -1.0, backend="python")
+    assert_close(blas.gemv(A, x, y, 0.5, -1.0, backend=backend), expected, k=n)
+    assert blas.gemv_(A, x, y, 0.5, -1.0, backend=backend) is y
+    assert_close(y, expected, k=n)
+
+
+def test_triton_gemv_splits():
+    from kcourse.blas.triton.gemv import splits
+
+    assert [splits(m, n, 132) for m, n in [(768, 16384), (3072, 16384), (16384, 768), (768, 1023)]] == [16, 11, 1, 1]
+    assert [splits(m, n, 4) for m, n in [(37, 3001), (5, 4099), (200, 8195)]] == [2, 4, 4]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-@pytest.mark.parametrize("shape", [(4096, 4096), (4097, 1023), (1, 4096)])
+@pytest.mark.parametrize("shape", [(4096, 4096), (4097, 1023), (1, 4096), (768, 16384), (2304, 16387)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemv_large(backend, dtype, shape, layout):
     m, n = shape

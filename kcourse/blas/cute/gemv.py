@@ -57,6 +57,7 @@ NUM_THREADS = 256
 UNROLL = 4  # vectors per thread per step: loads in flight per thread
 CTAS_PER_SM = 4  # split n until the grid has about this many CTAs per SM
 MIN_STEPS = 4  # ... but give every chunk at least this many steps of work
+FINISH_UNROLL = 8  # the partial sums' reduction: loads in flight per thread
 MAX_DIM = 2**31 - 2**24  # m and n stay int32 with room for a step past the end
 
 
@@ -75,14 +76,15 @@ def _epilogue(acc: Float32, row, split, alpha: Float32, beta: Float32, mY: Optio
 @cute.kernel
 def gemv_finish_kernel(mPartials: cute.Tensor, mY: Optional[cute.Tensor], mOut: cute.Tensor,
                        alpha: Float32, beta: Float32):
-    # mPartials: (S, m) float32; mY, mOut: (m,). One thread per row.
+    # mPartials: (S, m) float32; mY, mOut: (m,). One thread per row, FINISH_UNROLL loads in flight
+    # (a bias gradient's m = 768 rows are three CTAs, each thread summing S = 128 partials)
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     splits, m = mPartials.shape
     row = bidx * NUM_THREADS + tidx
     if row < m:
         acc = Float32(0.0)
-        for s in cutlass.range(splits, unroll=1):
+        for s in cutlass.range(splits, unroll=FINISH_UNROLL):
             acc += mPartials[s, row]
         _epilogue(acc, row, 0, alpha, beta, mY, mOut, None)
 
