@@ -200,27 +200,6 @@ def test_gemm_triton_tma(triton_tma, dtype, case):
     assert_close(out, blas.gemm(A, B, C, 1.5, beta, backend="python"), k=k)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_gemm_triton_tma_warp_specialized(triton_tma, monkeypatch, case):
-    # the warp-specialized config alone (the autotuner picks it at some shapes only), on every case
-    from kcourse.blas.triton import _gemm_tma
-
-    monkeypatch.setattr(_gemm_tma, "tuned", _gemm_tma.autotuned(
-        [c for c in _gemm_tma.CONFIGS if c.kwargs["WARP_SPECIALIZE"]]))
-    monkeypatch.setattr(_gemm_tma, "KEPT", {})  # no launch kept from another config
-    batch, m, k, n, layout, c = case
-    A = randn(*((3,) if batch in (3, "A") else ()), m, k, dtype=torch.bfloat16, layout=LAYOUT[layout[0]])
-    B = randn(*((3,) if batch in (3, "B") else ()), k, n, dtype=torch.bfloat16, layout=LAYOUT[layout[1]])
-    C = {None: None, "bias": randn(n, dtype=torch.bfloat16),
-         "full": randn(m, n, dtype=torch.bfloat16, layout="transposed")}[c]
-    beta = 0.0 if C is None else -0.5
-    out = blas.gemm(A, B, C, 1.5, beta, backend="triton")
-    assert len(triton_tma) == 1, "the product did not take the Hopper kernel"
-    assert _gemm_tma.tuned.best_config.kwargs["WARP_SPECIALIZE"]
-    assert_close(out, blas.gemm(A, B, C, 1.5, beta, backend="python"), k=k)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemm_triton_tma_inplace(triton_tma, dtype):
     # out is C: the autotuner's runs must not fold their results into C

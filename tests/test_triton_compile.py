@@ -40,7 +40,7 @@ COMPILE = textwrap.dedent("""
             compile_(gemm.gemm_kernel.fn.fn, lambda n: "*fp16" if n.endswith("_ptr") else scalar(n),
                      {"ACTIVATION": act, "PRECISION": "ieee", "UPCAST": False, "BLOCK_M": 128, "BLOCK_N": 128,
                       "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": False, **none, **single}, num_warps=8, num_stages=3)
-        elif what in ("tma", "tma-ws", "tma-pair"):
+        elif what in ("tma", "tma-pair"):
             pair = what == "tma-pair"
             bm, bn, bk = (128, 128, 64) if pair else (128, 256, 64)
             half = f"tensordesc<fp16[{bm}, {bn // 2}]>"
@@ -51,7 +51,7 @@ COMPILE = textwrap.dedent("""
             compile_(_gemm_tma.gemm_tma_kernel, lambda n: desc.get(n, "*fp16" if n.startswith("C") else scalar(n)),
                      {"ACTIVATION": act, "A_KMAJOR": True, "A_BATCHED": False, "B_KMAJOR": True, "B_BATCHED": False,
                       "OUT_BATCHED": False, "SPLIT": False, "NUM_SMS": 132, "BLOCK_M": bm, "BLOCK_N": bn,
-                      "BLOCK_K": bk, "GROUP_M": 8, "SUBTILE": True, "WARP_SPECIALIZE": what == "tma-ws", **unused},
+                      "BLOCK_K": bk, "GROUP_M": 8, "SUBTILE": True, "WARP_SPECIALIZE": False, **unused},
                      num_warps=8, num_stages=3)
         else:
             compile_(_gemm_tma.splitk_sum_kernel,
@@ -65,7 +65,6 @@ COMPILE = textwrap.dedent("""
     ("pointer", ["none", "gelu", "gelu_tanh", "relu", "silu"]),
     ("pair", ["silu"]),
     ("tma", ["none", "gelu"]),
-    ("tma-ws", ["none"]),  # the warp-specialized config
     ("tma-pair", ["silu"]),
     ("splitk", ["gelu_tanh"]),
 ])

@@ -37,7 +37,7 @@ is 0 (the operand is shared by the batch: a 2-D descriptor) or a multiple of 16 
 the matrix strides; out must be n-contiguous with a real batch stride. Sizes below 2^31 (TMA
 coordinates are int32).
 
-Autotuning: ``CONFIGS`` (H100 and H200, tried per (M, N, K, batch or splits, layout) key; float16 and
+Autotuning: ``CONFIGS`` (H100, tried per (M, N, K, batch or splits, layout) key; float16 and
 bfloat16 share a key, as their speeds do). A config's ``pre_hook`` sets the descriptors' block
 shapes. A config whose buffers do not fit in shared memory for a layout is skipped; one that fails
 otherwise is skipped with a warning (the GPU check compiles every config and reports failures). When out is C
@@ -95,10 +95,6 @@ if INTERPRET:  # only tests run this kernel under the interpreter (gemm.py never
 else:  # H100; a config whose buffers do not fit in shared memory is skipped by the autotuner
     CONFIGS = [config(*c) for c in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
                                      (128, 128, 64, 8, 4), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4)]]
-    # warp-specialized (a producer warp issues the TMA loads): 1-3% faster than the others at most of
-    # a GPT-2 step's products, 8% at linear_cross_entropy's dW accumulation, slower at 4096^3
-    # (H200; benchmarks/experiments/gpt_gemms.py, docs/gemm.md)
-    CONFIGS.append(config(128, 256, 64, 8, 3, ws=True))
 assert all(SPLIT_ALIGN % c.kwargs["BLOCK_K"] == 0 for c in CONFIGS)
 
 
