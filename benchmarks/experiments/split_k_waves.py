@@ -1,7 +1,9 @@
 """The triton gemm's split of K (``_gemm_tma.split_k``: products of at most half as many 128 x 128
 tiles as SMs, cut ``SMs // tiles`` ways) against a cost model that also splits products whose
 tiles fill the SMs' last wave poorly (``cost_model_rule``: the waves of tiles over the SMs, a fixed
-part per wave and the float32 partials' traffic), at the products a training step makes:
+part per wave and the float32 partials' traffic), and the same model counting 128 x 256 tiles with
+the kernel held to that tile ("model 128x256": 3072 x 768 over K = 16384 cut 3 ways, 216 tiles),
+at the products a training step makes:
 
   - GPT-2 124M at 16 x 1024 tokens: each Linear's weight gradient dW = dY^T X, (out, tokens) @
     (tokens, in), and a Llama-like 4096-wide layer's;
@@ -45,38 +47,52 @@ PARTIAL_COST = 4e-4  # a float32 partial element written and read (8 B at 3 TB/s
 WAVE_COST = 256  # a wave's fixed part, in k: the pipeline's fill and the tile's store
 
 
-def split_cost(S, M, N, K, sms):
-    """The modelled time of the product cut into S ranges of k, in k of one 128 x 128 tile."""
+def split_cost(S, M, N, K, sms, tile=(128, 128)):
+    """The modelled time of the product cut into S ranges of k, in k of one ``tile`` (m x n)."""
     cdiv = _gemm_tma.cdiv
-    waves = cdiv(S * cdiv(M, 128) * cdiv(N, 128), sms)
-    return waves * (cdiv(K, S) + WAVE_COST) + (S * M * N * PARTIAL_COST if S > 1 else 0)
+    waves = cdiv(S * cdiv(M, tile[0]) * cdiv(N, tile[1]), sms)
+    return waves * (cdiv(K, S) + WAVE_COST) + (S * M * N * PARTIAL_COST * 128 * 128 / (tile[0] * tile[1])
+                                               if S > 1 else 0)
 
 
-def cost_model_rule(batch, M, N, K, sms):
+def cost_model_rule(batch, M, N, K, sms, tile=(128, 128)):
     """The S (1 to MAX_SPLITS, each range at least SPLIT_MIN_K) of least ``split_cost``."""
     if batch != 1:
         return 1, K
     best = min(range(1, min(_gemm_tma.MAX_SPLITS, K // _gemm_tma.SPLIT_MIN_K) + 1),
-               key=lambda S: split_cost(S, M, N, K, sms), default=1)
+               key=lambda S: split_cost(S, M, N, K, sms, tile), default=1)
     if best < 2:
         return 1, K
     k_split = _gemm_tma.cdiv(_gemm_tma.cdiv(K, best), _gemm_tma.SPLIT_ALIGN) * _gemm_tma.SPLIT_ALIGN
     return _gemm_tma.cdiv(K, k_split), k_split
 
 
-SHIPPED = _gemm_tma.split_k
-RULES = {"model": cost_model_rule, "shipped": SHIPPED}
+SHIPPED, SHIPPED_TUNED = _gemm_tma.split_k, _gemm_tma.tuned
+TILE_256 = [c for c in _gemm_tma.CONFIGS if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) == (128, 256)]
+# rule -> (the split, the configs the autotuner may pick from: None for all). "model 128x256": the
+# cost model counting the 128 x 256 tiles that the weight gradients run fastest on (0.73x cuBLAS
+# against 0.60x for 128 x 128 at 3072 x 768, K 16384), with the kernel held to that tile: 72 tiles
+# on 132 SMs, 3 ways 216 (82% of two waves)
+RULES = {"model": (cost_model_rule, None), "shipped": (SHIPPED, None),
+         "model 128x256": (lambda b, M, N, K, sms: cost_model_rule(b, M, N, K, sms, (128, 256)), TILE_256)}
+
+
+def _set(rule: str | None) -> None:
+    """``rule``'s split and configs in the gemm (None: the shipped ones); kept launches dropped."""
+    split, configs = RULES[rule] if rule else (SHIPPED, None)
+    _gemm_tma.split_k = split
+    _gemm_tma.tuned = SHIPPED_TUNED if configs is None else _gemm_tma.autotuned(configs)
+    _gemm_tma.KEPT.clear()
 
 
 def under(rule: str, fn):
     """``fn`` run with ``rule`` as the split (kept launches dropped: they hold the other rule's pick)."""
     def run():
-        _gemm_tma.split_k = RULES[rule]
-        _gemm_tma.KEPT.clear()
+        _set(rule)
         try:
             return fn()
         finally:
-            _gemm_tma.split_k = SHIPPED
+            _set(None)
     return run
 
 
@@ -84,13 +100,11 @@ def graphed_under(rule: str, fn):
     """``fn``'s launches under ``rule``, captured once and replayed."""
     under(rule, fn)()  # compile and tune outside the capture
     torch.cuda.synchronize()
-    _gemm_tma.split_k = RULES[rule]
-    _gemm_tma.KEPT.clear()
+    _set(rule)
     try:
         replay = timing.graphed(fn)
     finally:
-        _gemm_tma.split_k = SHIPPED
-        _gemm_tma.KEPT.clear()
+        _set(None)
     return replay
 
 
@@ -110,7 +124,7 @@ def products(rounds: int) -> list[dict]:
         ms = timing.interleaved(fns, rounds)
         flops = 2 * m * n * k
         sms = _gemm_tma.num_sms(A.device)
-        row = {"product": name, "M": m, "N": n, "K": k, "splits": {r: RULES[r](1, m, n, k, sms)[0] for r in RULES},
+        row = {"product": name, "M": m, "N": n, "K": k, "splits": {r: RULES[r][0](1, m, n, k, sms)[0] for r in RULES},
                "ms": ms, "tflops": {r: flops / t / 1e9 for r, t in ms.items()}}
         print(f"{name:24s} {m}x{n}x{k}: splits {row['splits']}, " +
               ", ".join(f"{r} {t:.3f} ms ({row['tflops'][r]:.0f} TFLOP/s)" for r, t in ms.items()), flush=True)
