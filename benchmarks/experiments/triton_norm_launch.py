@@ -11,7 +11,7 @@ shipped choice's).
 
 ``--short-rows``: the reach of the backward's short-row rule (``SHORT_ROW``, ``SHORT_ROW_ITEMSIZE``,
 ``SHORT_ROW_THREAD_ELEMENTS``) beside ``WARPS_PER_SM``, at D = 1024 ... 8192. Measured (H200,
-2026-11-29): the shipped rule is the fastest or within 0.5% at every point but bf16 131072 x 1024,
+2026-11-29): the shipped rule is the fastest or within 1% at every point but bf16 131072 x 1024,
 where 8 warps an SM took 0.2246 against 0.2279 ms (rms_norm; quack 0.2028) and 0.2384 against
 0.2450 (layer_norm), 1.5-2.8%, left as it is; taking 32 a thread beyond 1024 columns, or for float32,
 was 1-13% slower.
