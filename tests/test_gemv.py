@@ -76,6 +76,7 @@ def test_triton_gemv_splits():
 
     assert [splits(m, n, 132) for m, n in [(768, 16384), (3072, 16384), (16384, 768), (768, 1023)]] == [16, 11, 1, 1]
     assert [splits(m, n, 4) for m, n in [(37, 3001), (5, 4099), (200, 8195)]] == [2, 4, 4]
+    assert splits(0, 8192, 132) == 1  # no rows: nothing to split
 
 
 @pytest.mark.gpu

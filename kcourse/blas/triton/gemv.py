@@ -63,6 +63,8 @@ def gemv_kernel(A_ptr, x_ptr, y_ptr, out_ptr, M, N, stride_am, stride_an, stride
 def splits(M: int, N: int, sms: int) -> int:
     """Column slices of a gemv of A (M, N) on ``sms`` SMs: enough for about ``SPLIT_PROGRAMS``
     programs an SM (rows in blocks of ``SPLIT_BLOCK_M``), each slice ``SPLIT_COLUMNS`` or more wide."""
+    if M == 0:
+        return 1
     return max(1, min(cdiv(SPLIT_PROGRAMS * sms, cdiv(M, SPLIT_BLOCK_M)), N // SPLIT_COLUMNS))
 
 
