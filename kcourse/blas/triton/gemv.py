@@ -11,8 +11,8 @@ loads are coalesced along whichever stride is 1. With beta == 0, y is None and i
 Few rows and long ones (a bias gradient dY^T 1: m = 768 outputs, n = 16384 tokens) would give
 m / BLOCK_M programs, a few dozen on 132 SMs. There the columns are split too (``splits``): the
 grid's second axis takes ``SPLIT_COLUMNS``-column slices, each program writes its rows' float32
-partial sums, and the same kernel adds the (m, splits) partials up with alpha and beta (a second,
-tiny gemv against a ones vector).
+partial sums to a (splits, m) buffer, and the same kernel adds them up with alpha and beta (a
+second, tiny gemv of its transpose against a ones vector): one rounding, in a fixed order.
 """
 from __future__ import annotations
 
@@ -81,6 +81,8 @@ def gemv(A, x, y, alpha, beta, out):
 
 
 def _launch(A, x, y, out, alpha, beta, columns, stride_split, parts):
+    """``gemv_kernel`` over A (M, N) in ``parts`` slices of ``columns`` columns, slice s writing
+    ``out`` + s * ``stride_split`` (one slice: the whole product into out)."""
     M, N = A.shape
     grid = lambda meta: (cdiv(M, meta["BLOCK_M"]), parts)
     # what the autotuner's pick depends on: its key arguments and the tensors' dtypes
