@@ -10,7 +10,7 @@ loads are coalesced along whichever stride is 1. With beta == 0, y is None and i
 
 Few rows and long ones (a bias gradient dY^T 1: m = 768 outputs, n = 16384 tokens) would give
 m / BLOCK_M programs, a few dozen on 132 SMs. There the columns are split too (``splits``): the
-grid's second axis takes ``SPLIT_COLUMNS``-column slices, each program writes its rows' float32
+grid's second axis takes slices of at least ``SPLIT_COLUMNS`` columns, each program writes its rows' float32
 partial sums to a (splits, m) buffer, and the same kernel adds them up with alpha and beta (a
 second, tiny gemv of its transpose against a ones vector): one rounding, in a fixed order.
 """
