@@ -64,7 +64,8 @@ def test_gemv_few_long_rows(backend, shape, layout):
     # and 4 slices here, the last ragged; on a GPU more) and adds the partial sums up with alpha and
     # beta, in place too
     m, n = shape
-    A, x, y = randn(m, n, dtype=torch.bfloat16, layout=layout), randn(n, dtype=torch.bfloat16), randn(m, dtype=torch.bfloat16)
+    bf16 = torch.bfloat16
+    A, x, y = randn(m, n, dtype=bf16, layout=layout), randn(n, dtype=bf16), randn(m, dtype=bf16)
     expected = blas.gemv(A, x, y, 0.5, -1.0, backend="python")
     assert_close(blas.gemv(A, x, y, 0.5, -1.0, backend=backend), expected, k=n)
     assert blas.gemv_(A, x, y, 0.5, -1.0, backend=backend) is y
