@@ -23,11 +23,12 @@ Forward (``norm_forward_kernel``, a CTA per threads / TPR rows)
     in 16 bits up to 16384 elements over up to 16 CTAs, staged in shared memory by cp.async and read
     a vector at a time (``_rows.Plan.staged``), the parameters' share loading into registers
     meanwhile; in float32 in registers, up to 16384 over up to 8 CTAs (32768 by CTAs of 512
-    threads; layer_norm 8192 a CTA from 8192 to 131072 columns: ``F32_SHARE``). Each warp takes its exact two-pass statistics (count, mean, M2 = sum of squared
-    deviations; rms_norm: the sum of squares alone), the cluster's warps combine them in a fixed
-    order (Chan et al.'s pairwise formula, ``_combine_moments``, written symmetric; rms_norm a plain
-    sum) through distributed shared memory (``_rows.cluster_allreduce``), and each CTA writes its
-    share of y; the first writes mean and rstd. The row is read once.
+    threads; layer_norm 8192 a CTA from 8192 to 131072 columns: ``F32_SHARE``). Each warp takes its
+    exact two-pass statistics (count, mean, M2 = sum of squared deviations; rms_norm: the sum of squares
+    alone), the cluster's warps combine them in a fixed order (Chan et al.'s pairwise formula,
+    ``_combine_moments``, written symmetric; rms_norm a plain sum) through distributed shared memory
+    (``_rows.cluster_allreduce``), and each CTA writes its share of y; the first writes mean and
+    rstd. The row is read once.
     A row whose shares still exceed that (over 262144 columns) is swept
     in chunks by one CTA: the first chunk's mean K is computed first, then per thread
     the sums of s = x - K and s^2 (var = mean(s^2) - mean(s)^2, stable for large offsets since

@@ -14,7 +14,6 @@ import torch
 from ._elementwise import Elementwise, run
 
 
-
 def _scaled(x, alpha):
     return (alpha * x,)
 

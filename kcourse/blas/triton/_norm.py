@@ -8,12 +8,13 @@ Rows are the last dimension of x (..., D), flattened to (N, D). Per row, in floa
     dweight = sum_rows dy * xhat,   dbias = sum_rows dy
 
 Forward: one program per row. A row of up to ``ON_CHIP_FORWARD`` columns is loaded once and kept in
-registers (exact two-pass statistics on chip), ``FORWARD_THREAD_ELEMENTS`` = 16 a thread (two 16-byte
-loads in 16 bits: 1.1-1.2x eight a thread at D = 1024-4096 on an H200, docs/layer_norm.md). A longer row is swept in chunks of ``CHUNK_D``, once
-for the statistics and once for y. The statistics sweep sums s = x - K and s^2 per lane, with K the
-first chunk's mean: var = mean(s^2) - mean(s)^2. Shifting by K keeps that difference stable for
-large offsets (plain mean(x^2) - mean^2 loses every digit when mean^2 >> var), since
-(mean - K)^2 <= var * D / CHUNK_D: at most log2(D / CHUNK_D) bits of the variance are lost.
+registers (exact two-pass statistics on chip), ``FORWARD_THREAD_ELEMENTS`` = 16 a thread (two
+16-byte loads in 16 bits: 1.1-1.2x eight a thread at D = 1024-4096 on an H200, docs/layer_norm.md).
+A longer row is swept in chunks of ``CHUNK_D``, once for the statistics and once for y. The
+statistics sweep sums s = x - K and s^2 per lane, with K the first chunk's mean: var = mean(s^2) -
+mean(s)^2. Shifting by K keeps that difference stable for large offsets (plain mean(x^2) - mean^2
+loses every digit when mean^2 >> var), since (mean - K)^2 <= var * D / CHUNK_D: at most
+log2(D / CHUNK_D) bits of the variance are lost.
 
 Backward: ``P`` programs (``WARPS_PER_SM // num_warps`` per SM: 16 warps resident), each owning a block of consecutive
 rows. It writes dx and sums its rows' dy * xhat and dy per column into float32 partials (S, P, D),
@@ -67,6 +68,7 @@ ON_CHIP_FORWARD = 16384  # the longest row the forward holds in registers (32 pe
 FORWARD_THREAD_ELEMENTS = 16  # forward: elements of a row per thread (num_warps = BLOCK_D / (32 * this), 1 to 16)
 ON_CHIP_BACKWARD = 8192  # the backward holds x, dy, g and two column sums: 16 per thread at 16 warps
 CHUNK_D = 4096  # the block of columns of a longer row, swept in a loop
+CHUNK_THREAD_ELEMENTS = 8  # elements of such a block per thread (16 warps)
 BACKWARD_TILE = 4096  # backward: rows of up to this many columns go several at a time, in tiles of this size
 BACKWARD_THREAD_ELEMENTS = 16  # backward: elements of a tile per thread (num_warps = tile / (32 * this), 1 to 16)
 SHORT_ROW, SHORT_ROW_THREAD_ELEMENTS = 1024, 32  # ... but rows of at most SHORT_ROW columns: this many,
@@ -83,13 +85,13 @@ SPLIT_LAUNCH = {(2, False): (8192, 16), (2, True): (8192, 8), (4, False): (8192,
 SPLIT_PROGRAMS_PER_SM = 2  # ... and the groups' count, as programs an SM (each group, a row of partials)
 
 
-def _block(d: int, on_chip: int, per_thread: int = 8) -> dict:
+def _block(d: int, on_chip: int, per_thread: int = CHUNK_THREAD_ELEMENTS) -> dict:
     """Launch options for rows of ``d`` columns: the whole row as one block when it fits ``on_chip``,
-    about ``per_thread`` elements per thread, else ``CHUNK_D`` columns at a time, 8 per thread (1 to
-    16 warps)."""
+    about ``per_thread`` elements per thread, else ``CHUNK_D`` columns at a time,
+    ``CHUNK_THREAD_ELEMENTS`` per thread (1 to 16 warps)."""
     block = next_power_of_2(max(d, 16))
     one_block = block <= on_chip
-    block, per_thread = (block, per_thread) if one_block else (CHUNK_D, 8)
+    block, per_thread = (block, per_thread) if one_block else (CHUNK_D, CHUNK_THREAD_ELEMENTS)
     return {"BLOCK_D": block, "ONE_BLOCK": one_block, "num_warps": min(max(block // (32 * per_thread), 1), 16)}
 
 

@@ -10,9 +10,9 @@ loads are coalesced along whichever stride is 1. With beta == 0, y is None and i
 
 Few rows and long ones (a bias gradient dY^T 1: m = 768 outputs, n = 16384 tokens) would give
 m / BLOCK_M programs, a few dozen on 132 SMs. There the columns are split too (``splits``): the
-grid's second axis takes slices of at least ``SPLIT_COLUMNS`` columns, each program writes its rows' float32
-partial sums to a (splits, m) buffer, and the same kernel adds them up with alpha and beta (a
-second, tiny gemv of its transpose against a ones vector): one rounding, in a fixed order.
+grid's second axis takes slices of at least ``SPLIT_COLUMNS`` columns, each program writes its
+rows' float32 partial sums to a (splits, m) buffer, and the same kernel adds them up with alpha and
+beta (a second, tiny gemv of its transpose against a ones vector): one rounding, in a fixed order.
 """
 from __future__ import annotations
 
@@ -75,12 +75,12 @@ def gemv(A, x, y, alpha, beta, out):
     if parts > 1:  # (splits, M) float32 partial sums, then their sum with alpha and beta
         columns = cdiv(N, parts)
         partials = torch.empty(parts, M, dtype=torch.float32, device=A.device)
-        _launch(A, x, None, partials[0], 1.0, 0.0, columns, partials.stride(0), parts)
-        return _launch(partials.mT, _cache.ones(parts, partials), y, out, alpha, beta, parts, 0, 1)
-    return _launch(A, x, y, out, alpha, beta, N, 0, 1)
+        _run(A, x, None, partials[0], 1.0, 0.0, columns, partials.stride(0), parts)
+        return _run(partials.mT, _cache.ones(parts, partials), y, out, alpha, beta, parts, 0, 1)
+    return _run(A, x, y, out, alpha, beta, N, 0, 1)
 
 
-def _launch(A, x, y, out, alpha, beta, columns, stride_split, parts):
+def _run(A, x, y, out, alpha, beta, columns, stride_split, parts):
     """``gemv_kernel`` over A (M, N) in ``parts`` slices of ``columns`` columns, slice s writing
     ``out`` + s * ``stride_split`` (one slice: the whole product into out)."""
     M, N = A.shape

@@ -2,7 +2,8 @@
 backend's kernels, a chunk of rows at a time: the logits, dx and dweight by ``gemm.py`` (TMA and
 wgmma on Hopper; each chunk's dweight added in the gemm's epilogue), the loss, lse and dlogits by
 ``cross_entropy.py`` (one read of each chunk's logits forward, one read and one write backward,
-dlogits over the logits), dbias by ``gemv.py``, the backward's scale (dout / n_valid) by ``scal.py``, read on the device.
+dlogits over the logits), dbias by ``gemv.py``, the backward's scale (dout / n_valid) by
+``scal.py``, read on the device.
 """
 from .. import _host
 from .cross_entropy import cross_entropy, cross_entropy_backward
